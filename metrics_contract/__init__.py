@@ -1,0 +1,247 @@
+"""The metrics contract: every metric the platform emits or alarms on, named once.
+
+The serving containers emit custom metrics as CloudWatch Embedded Metric Format (EMF) lines on
+stdout; SageMaker ships container stdout to CloudWatch Logs, which extracts them. The stacks build
+alarms and dashboard widgets from the same :class:`MetricSpec` objects, so an alarm can never point
+at a metric nobody emits: :func:`emf_document` refuses a metric or dimension set that is not in the
+contract, and the stacks have no other way to name a custom metric.
+
+Pure module: no AWS, CDK or web-framework imports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+NAMESPACE = "MangaAssist/Inference"
+"""CloudWatch namespace of every custom metric the containers and Lambdas emit."""
+
+SAGEMAKER_NAMESPACE = "AWS/SageMaker"
+SAGEMAKER_ENDPOINT_NAMESPACE = "/aws/sagemaker/Endpoints"
+
+ENDPOINT_DIMENSIONS: tuple[str, ...] = ("EndpointName", "VariantName")
+"""Dimensions of every per-endpoint metric, ours and SageMaker's."""
+
+
+class Unit(str, Enum):
+    """CloudWatch units used by the contract (the exact strings CloudWatch accepts)."""
+
+    COUNT = "Count"
+    MILLISECONDS = "Milliseconds"
+    MICROSECONDS = "Microseconds"
+    PERCENT = "Percent"
+    NONE = "None"
+
+
+class Emitter(str, Enum):
+    """Who puts the metric into CloudWatch."""
+
+    GATEWAY = "gateway"
+    CLASSIFIER = "classifier"
+    CALENDAR_LAMBDA = "release-calendar-lambda"
+    SAGEMAKER = "sagemaker"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: where it lives, what it measures, and the dimensions it is published with."""
+
+    name: str
+    unit: Unit
+    description: str
+    emitter: Emitter
+    namespace: str = NAMESPACE
+    dimensions: tuple[str, ...] = ENDPOINT_DIMENSIONS
+
+    @property
+    def is_custom(self) -> bool:
+        """True for metrics our own code emits (as opposed to SageMaker's built-in ones)."""
+        return self.emitter is not Emitter.SAGEMAKER
+
+
+# --- LLM gateway -------------------------------------------------------------------------------
+REQUESTS = MetricSpec("Requests", Unit.COUNT, "Chat requests accepted for generation.",
+                      Emitter.GATEWAY)
+CLIENT_ERRORS = MetricSpec("ClientErrors", Unit.COUNT,
+                           "Requests refused as invalid (4xx other than admission shedding).",
+                           Emitter.GATEWAY)
+PROMPT_TOKENS = MetricSpec("PromptTokens", Unit.COUNT,
+                           "Prompt tokens sent to the engine after the context budget.",
+                           Emitter.GATEWAY)
+COMPLETION_TOKENS = MetricSpec("CompletionTokens", Unit.COUNT, "Tokens generated.",
+                               Emitter.GATEWAY)
+CONTEXT_TRUNCATIONS = MetricSpec("ContextTruncations", Unit.COUNT,
+                                 "Requests whose history was trimmed by the sliding window.",
+                                 Emitter.GATEWAY)
+DROPPED_TURNS = MetricSpec("DroppedTurns", Unit.COUNT,
+                           "Conversation turns dropped by the sliding window.", Emitter.GATEWAY)
+ADMISSION_REJECTIONS = MetricSpec(
+    "AdmissionRejections", Unit.COUNT,
+    "Requests shed by KV-aware admission (429/503 with Retry-After), per length bucket.",
+    Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"))
+QUEUE_WAIT = MetricSpec("QueueWait", Unit.MILLISECONDS,
+                        "Time a request waited for admission before reaching the engine.",
+                        Emitter.GATEWAY)
+TIME_TO_FIRST_TOKEN = MetricSpec("TimeToFirstToken", Unit.MILLISECONDS,
+                                 "From admission to the first generated token.", Emitter.GATEWAY)
+REQUEST_LATENCY = MetricSpec("RequestLatency", Unit.MILLISECONDS,
+                             "Whole request inside the gateway, validation to last byte.",
+                             Emitter.GATEWAY)
+FALLBACKS = MetricSpec("Fallbacks", Unit.COUNT,
+                       "Requests answered with the controlled fallback instead of generation.",
+                       Emitter.GATEWAY)
+OOM_CIRCUIT_TRIPS = MetricSpec("OOMCircuitTrips", Unit.COUNT,
+                               "Engine OOMs or deaths that opened the circuit breaker.",
+                               Emitter.GATEWAY)
+BREAKER_STATE = MetricSpec("BreakerState", Unit.NONE,
+                           "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+                           Emitter.GATEWAY)
+ENGINE_RESTARTS = MetricSpec("EngineRestarts", Unit.COUNT,
+                             "In-process rebuilds of a dead inference engine.", Emitter.GATEWAY)
+KV_CACHE_USAGE = MetricSpec("KVCacheUsage", Unit.PERCENT,
+                            "Share of the engine's KV-cache blocks in use (0-100).",
+                            Emitter.GATEWAY)
+RUNNING_REQUESTS = MetricSpec("RunningRequests", Unit.COUNT,
+                              "Sequences the engine is generating for.", Emitter.GATEWAY)
+WAITING_REQUESTS = MetricSpec("WaitingRequests", Unit.COUNT,
+                              "Requests queued in the engine or waiting for admission.",
+                              Emitter.GATEWAY)
+PREEMPTIONS = MetricSpec("Preemptions", Unit.COUNT,
+                         "Sequences preempted (and later recomputed) for lack of KV blocks.",
+                         Emitter.GATEWAY)
+
+# --- intent classifier -------------------------------------------------------------------------
+INTENT_LATENCY = MetricSpec("IntentLatency", Unit.MILLISECONDS,
+                            "Classifier inference time for one request (tokenize + model).",
+                            Emitter.CLASSIFIER)
+INTENT_PREDICTIONS = MetricSpec("IntentPredictions", Unit.COUNT,
+                                "Texts classified, per predicted intent.", Emitter.CLASSIFIER,
+                                dimensions=(*ENDPOINT_DIMENSIONS, "Intent"))
+INTENT_TRUNCATIONS = MetricSpec("IntentTruncations", Unit.COUNT,
+                                "Texts longer than the traced sequence length, truncated.",
+                                Emitter.CLASSIFIER)
+
+# --- release-calendar Lambda -------------------------------------------------------------------
+CALENDAR_DIMENSIONS: tuple[str, ...] = ("Environment",)
+CALENDAR_ACTIONS_CREATED = MetricSpec("CalendarActionsCreated", Unit.COUNT,
+                                      "Scheduled actions the reconciler created.",
+                                      Emitter.CALENDAR_LAMBDA, dimensions=CALENDAR_DIMENSIONS)
+CALENDAR_ACTIONS_UPDATED = MetricSpec("CalendarActionsUpdated", Unit.COUNT,
+                                      "Scheduled actions the reconciler changed.",
+                                      Emitter.CALENDAR_LAMBDA, dimensions=CALENDAR_DIMENSIONS)
+CALENDAR_ACTIONS_DELETED = MetricSpec("CalendarActionsDeleted", Unit.COUNT,
+                                      "Expired or removed scheduled actions it deleted.",
+                                      Emitter.CALENDAR_LAMBDA, dimensions=CALENDAR_DIMENSIONS)
+CALENDAR_ENTRIES_SKIPPED = MetricSpec("CalendarEntriesSkipped", Unit.COUNT,
+                                      "Calendar entries skipped because they are invalid.",
+                                      Emitter.CALENDAR_LAMBDA, dimensions=CALENDAR_DIMENSIONS)
+
+# --- SageMaker's own metrics (alarmed on, never emitted by us) ----------------------------------
+SM_INVOCATIONS = MetricSpec("Invocations", Unit.COUNT, "Requests sent to the variant.",
+                            Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
+SM_INVOCATIONS_PER_INSTANCE = MetricSpec("InvocationsPerInstance", Unit.COUNT,
+                                         "Invocations divided by InService instances.",
+                                         Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
+SM_INVOCATION_5XX = MetricSpec("Invocation5XXErrors", Unit.COUNT,
+                               "Requests the model answered with a 5xx.", Emitter.SAGEMAKER,
+                               namespace=SAGEMAKER_NAMESPACE)
+SM_INVOCATION_4XX = MetricSpec("Invocation4XXErrors", Unit.COUNT,
+                               "Requests the model answered with a 4xx.", Emitter.SAGEMAKER,
+                               namespace=SAGEMAKER_NAMESPACE)
+SM_MODEL_LATENCY = MetricSpec("ModelLatency", Unit.MICROSECONDS,
+                              "Time the container took to answer (microseconds).",
+                              Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
+SM_OVERHEAD_LATENCY = MetricSpec("OverheadLatency", Unit.MICROSECONDS,
+                                 "SageMaker's own overhead per request (microseconds).",
+                                 Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
+SM_CONCURRENT_REQUESTS = MetricSpec("ConcurrentRequestsPerModel", Unit.COUNT,
+                                    "In-flight requests per model (10 s resolution).",
+                                    Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
+SM_GPU_MEMORY_UTILIZATION = MetricSpec("GPUMemoryUtilization", Unit.PERCENT,
+                                       "GPU memory in use, 0-100 per GPU (summed over GPUs).",
+                                       Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
+SM_GPU_UTILIZATION = MetricSpec("GPUUtilization", Unit.PERCENT,
+                                "GPU compute busy, 0-100 per GPU (summed over GPUs).",
+                                Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
+SM_CPU_UTILIZATION = MetricSpec("CPUUtilization", Unit.PERCENT,
+                                "CPU busy, 0-100 per core (summed over cores).",
+                                Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
+SM_MEMORY_UTILIZATION = MetricSpec("MemoryUtilization", Unit.PERCENT, "Host memory in use.",
+                                   Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
+
+ALL_METRICS: tuple[MetricSpec, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, MetricSpec)
+)
+"""Every metric in the contract, in declaration order."""
+
+_BY_KEY: dict[tuple[str, str], MetricSpec] = {(m.namespace, m.name): m for m in ALL_METRICS}
+if len(_BY_KEY) != len(ALL_METRICS):  # pragma: no cover - guards edits to this file
+    raise RuntimeError("metrics_contract: two metrics share a namespace and name")
+
+BREAKER_STATE_VALUES: Mapping[str, int] = {"closed": 0, "half_open": 1, "open": 2}
+"""How :data:`BREAKER_STATE` encodes the circuit breaker's states."""
+
+
+def metric(name: str, namespace: str = NAMESPACE) -> MetricSpec:
+    """Look a metric up by name; raise KeyError listing the known names if it is not there."""
+    try:
+        return _BY_KEY[(namespace, name)]
+    except KeyError:
+        known = sorted(m.name for m in ALL_METRICS if m.namespace == namespace)
+        raise KeyError(
+            f"metric {name!r} is not in the contract for namespace {namespace!r}; "
+            f"known: {', '.join(known)}"
+        ) from None
+
+
+def emf_document(
+    values: Mapping[MetricSpec, float],
+    dimensions: Mapping[str, str],
+    *,
+    timestamp_ms: int,
+    properties: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build one CloudWatch EMF document for metrics that share a dimension set.
+
+    Every metric must be a custom metric of the contract published with exactly the keys of
+    ``dimensions``; anything else raises ValueError, so no code path can emit a metric the alarms
+    do not know about. ``properties`` are extra, non-metric fields (searchable in Logs Insights).
+    """
+    if not values:
+        raise ValueError("emf_document: no metric values given")
+    dim_keys = tuple(dimensions)
+    namespaces = {spec.namespace for spec in values}
+    if len(namespaces) != 1:
+        raise ValueError(f"emf_document: metrics span namespaces {sorted(namespaces)}")
+    document: dict[str, Any] = dict(properties or {})
+    definitions: list[dict[str, str]] = []
+    for spec, value in values.items():
+        if not spec.is_custom or _BY_KEY.get((spec.namespace, spec.name)) is not spec:
+            raise ValueError(f"emf_document: {spec.name!r} is not a custom metric of the contract")
+        if set(spec.dimensions) != set(dim_keys):
+            raise ValueError(
+                f"emf_document: {spec.name} is published with dimensions {list(spec.dimensions)},"
+                f" got {list(dim_keys)}"
+            )
+        number = float(value)
+        if math.isnan(number) or math.isinf(number):
+            raise ValueError(f"emf_document: {spec.name} value {value!r} is not a finite number")
+        definitions.append({"Name": spec.name, "Unit": spec.unit.value})
+        document[spec.name] = number
+    for key, dim_value in dimensions.items():
+        document[key] = str(dim_value)
+    document["_aws"] = {
+        "Timestamp": int(timestamp_ms),
+        "CloudWatchMetrics": [
+            {
+                "Namespace": namespaces.pop(),
+                "Dimensions": [list(dim_keys)],
+                "Metrics": definitions,
+            }
+        ],
+    }
+    return document
