@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 NAMESPACE = "MangaAssist/Inference"
@@ -27,7 +27,7 @@ ENDPOINT_DIMENSIONS: tuple[str, ...] = ("EndpointName", "VariantName")
 """Dimensions of every per-endpoint metric, ours and SageMaker's."""
 
 
-class Unit(str, Enum):
+class Unit(StrEnum):
     """CloudWatch units used by the contract (the exact strings CloudWatch accepts)."""
 
     COUNT = "Count"
@@ -37,7 +37,7 @@ class Unit(str, Enum):
     NONE = "None"
 
 
-class Emitter(str, Enum):
+class Emitter(StrEnum):
     """Who puts the metric into CloudWatch."""
 
     GATEWAY = "gateway"
