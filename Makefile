@@ -1,0 +1,58 @@
+# MangaAssist GPU inference platform. Every target sets up what it needs (venv, pinned
+# requirements, the pinned CDK CLI) on first use; nothing has to be installed by hand.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CDK := node_modules/.bin/cdk
+ENV ?= dev
+BASE ?= origin/main
+
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_CLI_TELEMETRY := 1
+# The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help setup synth test lint typecheck diff deploy clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
+
+synth: setup ## synthesize every environment offline (cdk-nag + cfn-lint), print the templates
+	rm -rf cdk.out
+	$(CDK) synth --quiet
+	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
+	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean. Templates:"
+	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
+
+lint: setup ## ruff
+	$(VENV)/bin/ruff check .
+
+typecheck: setup ## mypy on the application code
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents
+
+test: setup lint typecheck ## ruff, mypy and the whole test suite
+	$(PY) -m pytest
+
+diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
+	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)
+
+deploy: synth ## deploy one environment: make deploy ENV=prod (needs AWS credentials)
+	$(CDK) deploy --app cdk.out "$$($(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)')/*"
+
+clean: ## remove build outputs (keeps .venv and node_modules)
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,59 @@
+"""Foundation stack: what every other stack of an environment builds on, and what outlives it.
+
+The customer-managed key, the model-artifact bucket and the alarm topic live here, apart from the
+serving stack, so that replacing or deleting serving resources never touches stored artifacts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from stacks.alerting import AlarmTopic
+from stacks.artifact_store import ArtifactStore
+from stacks.settings import EnvironmentSettings
+
+
+class FoundationStack(cdk.Stack):
+    """Project key (rotation on), artifact bucket with access logs, encrypted alarm topic."""
+
+    def __init__(
+        self, scope: Construct, id_: str, *, settings: EnvironmentSettings, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            scope,
+            id_,
+            description=f"MangaAssist GPU inference platform ({settings.name}): key, model "
+            "artifacts, alarm topic",
+            termination_protection=settings.artifacts.removal_policy == "retain",
+            **kwargs,
+        )
+        self.kms_key = kms.Key(
+            self,
+            "ProjectKey",
+            description=f"MangaAssist {settings.name}: model artifacts, endpoint volumes, "
+            "alarm topic, logs",
+            enable_key_rotation=True,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+        )
+        self.kms_key.add_alias(f"alias/{settings.resource_prefix}")
+
+        self.artifact_store = ArtifactStore(
+            self, "ModelArtifacts", encryption_key=self.kms_key, settings=settings.artifacts
+        )
+        self.alarm_topic = AlarmTopic(
+            self,
+            "Alarms",
+            encryption_key=self.kms_key,
+            settings=settings.alerts,
+            display_name=f"MangaAssist {settings.name} inference alarms",
+        )
+
+        cdk.CfnOutput(self, "ModelArtifactBucketName",
+                      value=self.artifact_store.s3_bucket.bucket_name,
+                      description="Upload model weights, adapters and Neuron artifacts here.")
+        cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.sns_topic.topic_arn)
+        cdk.CfnOutput(self, "ProjectKeyArn", value=self.kms_key.key_arn)

@@ -1,0 +1,25 @@
+"""One CDK Stage per environment, and the app that holds them."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from stacks.foundation_stack import FoundationStack
+from stacks.settings import EnvironmentSettings
+
+
+class MangaAssistStage(cdk.Stage):
+    """Every stack of one environment; ``cdk deploy "<stage_name>/*"`` deploys it."""
+
+    def __init__(self, scope: Construct, *, settings: EnvironmentSettings) -> None:
+        super().__init__(
+            scope,
+            settings.stage_name,
+            env=cdk.Environment(account=settings.account, region=settings.region),
+        )
+        self.settings = settings
+        self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        for key, value in settings.tags.items():
+            cdk.Tags.of(self).add(key, value)
+

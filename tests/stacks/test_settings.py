@@ -1,0 +1,150 @@
+"""Settings: every field validated, every error names the file, the field and the value."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stacks.settings import (
+    EnvironmentSettings,
+    SettingsError,
+    load_environments,
+    load_settings,
+    parse_settings,
+)
+
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+
+
+def base() -> dict[str, Any]:
+    return yaml.safe_load((CONFIG / "dev.yaml").read_text())
+
+
+def set_path(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    node = out
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def error_for(data: dict[str, Any]) -> str:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(data, source="config/dev.yaml")
+    return str(info.value)
+
+
+@pytest.mark.parametrize("name", ["dev", "prod"])
+def test_shipped_environments_load(name: str) -> None:
+    settings = load_settings(name)
+    assert isinstance(settings, EnvironmentSettings)
+    assert settings.name == name
+    assert settings.account == "123456789012"
+    assert settings.region == "ap-northeast-1"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("account", "12345", "account: '12345' is not accepted"),
+        ("account", 123456789012, "account: 123456789012 is not accepted"),
+        ("region", "tokyo", "region: 'tokyo' is not accepted: must look like ap-northeast-1"),
+        ("region", "xx-nowhere-9", "region: 'xx-nowhere-9' is not accepted: must be one of"),
+        ("name", "Dev Env", "name: 'Dev Env' is not accepted"),
+        ("stage_name", "dev", "stage_name: 'dev' is not accepted"),
+        ("alerts.email_subscribers", ["not-an-address"], "alerts.email_subscribers[0]: 'not-an-address'"),
+        ("alerts.email_subscribers", "ops@example.com", "alerts.email_subscribers: 'ops@example.com'"),
+        ("artifacts.removal_policy", "keep", "artifacts.removal_policy: 'keep' is not accepted: Input should be 'retain' or 'destroy'"),
+        ("artifacts.noncurrent_version_expiration_days", -1, "artifacts.noncurrent_version_expiration_days: -1 is not accepted: Input should be greater than or equal to 1"),
+        ("artifacts.access_log_retention_days", "a year", "artifacts.access_log_retention_days: 'a year' is not accepted"),
+        ("tags", {"Project": ""}, "tags.Project: '' is not accepted"),
+    ],
+)
+def test_bad_value_names_file_field_and_value(path: str, value: Any, expected: str) -> None:
+    message = error_for(set_path(base(), path, value))
+    assert message.startswith("config/dev.yaml: ")
+    assert expected in message
+
+
+def test_unknown_key_is_an_error_that_lists_accepted_keys() -> None:
+    message = error_for(set_path(base(), "artifacts.noncurrent_version_expiry_days", 5))
+    assert "artifacts.noncurrent_version_expiry_days: unknown key (typo?)" in message
+    assert "noncurrent_version_expiration_days" in message  # the accepted spelling is offered
+
+
+def test_unknown_top_level_key() -> None:
+    message = error_for({**base(), "regoin": "us-east-1"})
+    assert "config/dev.yaml: regoin: unknown key" in message
+    assert "region" in message
+
+
+def test_missing_required_field() -> None:
+    data = base()
+    del data["account"]
+    assert "account: required field is missing" in error_for(data)
+
+
+def test_every_problem_is_reported_not_just_the_first() -> None:
+    data = set_path(set_path(base(), "account", "x"), "region", "mars-1")
+    message = error_for(data)
+    assert "account:" in message
+    assert "region:" in message
+    assert len(message.splitlines()) == 2
+
+
+def test_settings_are_immutable() -> None:
+    settings = load_settings("dev")
+    with pytest.raises(Exception, match="frozen"):
+        settings.region = "us-east-1"  # type: ignore[misc]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_missing_environment_file_lists_available(tmp_path: Path) -> None:
+    write(tmp_path, "dev", (CONFIG / "dev.yaml").read_text())
+    with pytest.raises(SettingsError, match=r"staging.yaml: no such environment file; available environments: dev"):
+        load_settings("staging", config_dir=tmp_path)
+
+
+def test_broken_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
+    write(tmp_path, "dev", "name: dev\naccount: [unclosed\n")
+    with pytest.raises(SettingsError, match=r"dev.yaml: not valid YAML"):
+        load_settings("dev", config_dir=tmp_path)
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path: Path) -> None:
+    write(tmp_path, "dev", "- just\n- a list\n")
+    with pytest.raises(SettingsError, match=r"dev.yaml: must be a mapping of settings, got list"):
+        load_settings("dev", config_dir=tmp_path)
+
+
+def test_name_must_match_file(tmp_path: Path) -> None:
+    write(tmp_path, "qa", (CONFIG / "dev.yaml").read_text())
+    with pytest.raises(SettingsError, match=r"qa.yaml: name: 'dev' is not accepted: must equal the file name 'qa'"):
+        load_settings("qa", config_dir=tmp_path)
+
+
+def test_load_environments_reports_all_broken_files(tmp_path: Path) -> None:
+    write(tmp_path, "dev", (CONFIG / "dev.yaml").read_text().replace('"123456789012"', '"1"'))
+    write(tmp_path, "prod", (CONFIG / "prod.yaml").read_text().replace("ap-northeast-1", "tokyo"))
+    with pytest.raises(SettingsError) as info:
+        load_environments(["dev", "prod"], config_dir=tmp_path)
+    assert "dev.yaml: account" in str(info.value)
+    assert "prod.yaml: region" in str(info.value)
+
+
+def test_duplicate_stage_names_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, "dev", (CONFIG / "dev.yaml").read_text())
+    write(tmp_path, "qa", (CONFIG / "dev.yaml").read_text().replace("name: dev", "name: qa"))
+    with pytest.raises(SettingsError, match="stage_name 'Dev' is used by more than one environment"):
+        load_environments(["dev", "qa"], config_dir=tmp_path)
