@@ -1,0 +1,94 @@
+"""The GPU memory budget: one model of weights, KV cache and headroom for vLLM on SageMaker.
+
+The stacks call :func:`validate` / :func:`plan` at synth time (an impossible configuration fails
+the synth with :class:`BudgetError`), pass :meth:`MemoryPlan.engine_args` to the serving
+container, and the container checks the engine's real KV pool with
+:func:`compare_engine_report`. ``python -m gpu_budget plan ...`` prints the same plan.
+
+Pure package: no AWS, CDK or torch imports; matplotlib only inside :func:`plot_plan`.
+"""
+
+from gpu_budget.engine_report import EngineKvComparison, compare_engine_report
+from gpu_budget.instances import (
+    INSTANCE_CATALOG,
+    MAX_GPU_MEMORY_UTILIZATION,
+    PRICE_REGION,
+    PRICES_COMPILED_ON,
+    InstanceType,
+    UnknownInstanceTypeError,
+    gpu_memory_utilization_for,
+    instance_type,
+)
+from gpu_budget.kv import kv_block_bytes, kv_bytes_per_token, kv_dtype_bytes
+from gpu_budget.lengths import (
+    REQUEST_BUCKETS,
+    SEED_EXAMPLE_REQUEST_TOKENS,
+    RequestLengthDistribution,
+    blocks_for_tokens,
+    bucket_for,
+)
+from gpu_budget.lora import ALLOWED_LORA_RANKS, lora_bytes
+from gpu_budget.model_spec import ModelSpec, ModelSpecError, load_model_spec
+from gpu_budget.planner import (
+    ENGINE_ENV_PREFIX,
+    EXPECTED_KV_TOKENS_ENV_VAR,
+    BucketConcurrency,
+    BudgetError,
+    MemoryPlan,
+    engine_args_from_env,
+    engine_env_var,
+    plan,
+    validate,
+    vllm_quantization_for,
+)
+from gpu_budget.plotting import plot_plan
+from gpu_budget.static_paged import StaticVsPaged, static_vs_paged
+from gpu_budget.weights import (
+    QUANTIZATION_CHOICES,
+    WeightFormat,
+    parse_quantization,
+    weights_bytes,
+)
+
+__all__ = [
+    "ALLOWED_LORA_RANKS",
+    "ENGINE_ENV_PREFIX",
+    "EXPECTED_KV_TOKENS_ENV_VAR",
+    "INSTANCE_CATALOG",
+    "MAX_GPU_MEMORY_UTILIZATION",
+    "PRICES_COMPILED_ON",
+    "PRICE_REGION",
+    "QUANTIZATION_CHOICES",
+    "REQUEST_BUCKETS",
+    "SEED_EXAMPLE_REQUEST_TOKENS",
+    "BucketConcurrency",
+    "BudgetError",
+    "EngineKvComparison",
+    "InstanceType",
+    "MemoryPlan",
+    "ModelSpec",
+    "ModelSpecError",
+    "RequestLengthDistribution",
+    "StaticVsPaged",
+    "UnknownInstanceTypeError",
+    "WeightFormat",
+    "blocks_for_tokens",
+    "bucket_for",
+    "compare_engine_report",
+    "engine_args_from_env",
+    "engine_env_var",
+    "gpu_memory_utilization_for",
+    "instance_type",
+    "kv_block_bytes",
+    "kv_bytes_per_token",
+    "kv_dtype_bytes",
+    "load_model_spec",
+    "lora_bytes",
+    "parse_quantization",
+    "plan",
+    "plot_plan",
+    "static_vs_paged",
+    "validate",
+    "vllm_quantization_for",
+    "weights_bytes",
+]
