@@ -25,6 +25,7 @@ class ArtifactStore(Construct):
         *,
         encryption_key: kms.IKey,
         settings: ArtifactBucketSettings,
+        bucket_name: str,
     ) -> None:
         super().__init__(scope, id_)
         removal_policy = (
@@ -61,6 +62,7 @@ class ArtifactStore(Construct):
         self.s3_bucket = s3.Bucket(
             self,
             "Bucket",
+            bucket_name=bucket_name,
             encryption=s3.BucketEncryption.KMS,
             encryption_key=encryption_key,
             bucket_key_enabled=True,

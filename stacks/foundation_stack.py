@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
@@ -40,9 +41,26 @@ class FoundationStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
         self.kms_key.add_alias(f"alias/{settings.resource_prefix}")
+        # CloudWatch Logs encrypts the environment's log groups (VPC flow logs, Lambda logs).
+        self.kms_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchLogsInThisAccount",
+                principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                         "kms:Describe*"],
+                resources=["*"],
+                conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": self.format_arn(
+                    service="logs", resource="log-group", resource_name="*",
+                    arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)}},
+            )
+        )
 
         self.artifact_store = ArtifactStore(
-            self, "ModelArtifacts", encryption_key=self.kms_key, settings=settings.artifacts
+            self,
+            "ModelArtifacts",
+            encryption_key=self.kms_key,
+            settings=settings.artifacts,
+            bucket_name=settings.artifact_bucket_name,
         )
         self.alarm_topic = AlarmTopic(
             self,

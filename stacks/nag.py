@@ -9,6 +9,7 @@ suppressions.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -17,6 +18,7 @@ from constructs import IConstruct
 
 NAG_PACK = "AwsSolutions"
 MIN_REASON_CHARS = 40
+GRANULAR_RULES = frozenset({"AwsSolutions-IAM4", "AwsSolutions-IAM5"})
 
 
 def add_nag_checks(app: cdk.App) -> None:
@@ -24,12 +26,18 @@ def add_nag_checks(app: cdk.App) -> None:
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
 
 
-def acknowledge(construct: IConstruct, rule: str, reason: str) -> None:
+def acknowledge(
+    construct: IConstruct, rule: str, reason: str, *, applies_to: Sequence[str] = ()
+) -> None:
     """Acknowledge one AwsSolutions finding on one construct (and its children).
 
-    ``rule`` is the rule id as cdk-nag prints it, e.g. ``AwsSolutions-IAM5``; granular findings
-    carry their detail after a colon (``AwsSolutions-IAM5[Action::s3:GetObject*]``).
+    ``rule`` is the rule id as cdk-nag prints it, e.g. ``AwsSolutions-S1``. Granular findings
+    (IAM4/IAM5) are acknowledged one by one: ``applies_to`` lists their details as cdk-nag
+    prints them between brackets (``Resource::*``, ``Action::s3:GetObject*``), and a blanket
+    acknowledgement of a granular rule is refused.
     """
+    if rule in GRANULAR_RULES and not applies_to:
+        raise ValueError(f"acknowledge: {rule} is granular; name each finding in applies_to")
     if not rule.startswith(f"{NAG_PACK}-"):
         raise ValueError(f"acknowledge: rule {rule!r} is not an {NAG_PACK} rule id")
     if len(reason.strip()) < MIN_REASON_CHARS:
@@ -37,8 +45,9 @@ def acknowledge(construct: IConstruct, rule: str, reason: str) -> None:
             f"acknowledge: the reason for {rule} on {construct.node.path} must explain the "
             f"exception to a reviewer (at least {MIN_REASON_CHARS} characters)"
         )
+    ids = [f"{rule}[{detail}]" for detail in applies_to] if applies_to else [rule]
     cdk.Validations.of(construct).acknowledge(
-        cdk.Acknowledgment(id=f"{NAG_PACK}::{rule}", reason=reason.strip())
+        *(cdk.Acknowledgment(id=f"{NAG_PACK}::{rule_id}", reason=reason.strip()) for rule_id in ids)
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -21,8 +21,13 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import ErrorDetails
+
+if TYPE_CHECKING:
+    from gpu_budget import MemoryPlan
+    from release_calendar import CapacityModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
@@ -79,6 +84,395 @@ class ArtifactBucketSettings(_Strict):
     )
 
 
+LocalTime = Annotated[str, StringConstraints(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+
+
+class DailyFloorSettings(_Strict):
+    """A daily scheduled action: from ``start`` (local time) the capacity range is this."""
+
+    start: LocalTime = Field(description="Local time, HH:MM, in scaling.time_zone.")
+    min_capacity: int = Field(ge=1, le=100)
+    max_capacity: int = Field(ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DailyFloorSettings:
+        if self.min_capacity > self.max_capacity:
+            raise ValueError(
+                f"min_capacity {self.min_capacity} is above max_capacity {self.max_capacity}"
+            )
+        return self
+
+
+class StepBandSettings(_Strict):
+    """Add ``add_instances`` when the metric is between threshold+lower and threshold+upper."""
+
+    lower: float = Field(ge=0, description="Invocations/min/instance above the threshold.")
+    upper: float | None = Field(None, gt=0, description="Open-ended when absent.")
+    add_instances: int = Field(ge=1, le=50)
+
+
+class StepScalingSettings(_Strict):
+    """Step scaling from a 1-minute InvocationsPerInstance alarm (seed 001, user story 7)."""
+
+    threshold_invocations_per_instance_per_min: float = Field(200, gt=0)
+    bands: list[StepBandSettings] = Field(
+        default_factory=lambda: [
+            StepBandSettings(lower=0, upper=200, add_instances=2),
+            StepBandSettings(lower=200, upper=600, add_instances=4),
+            StepBandSettings(lower=600, upper=None, add_instances=8),
+        ]
+    )
+    cooldown_s: int = Field(60, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _contiguous(self) -> StepScalingSettings:
+        if not self.bands:
+            raise ValueError("bands: at least one band is required")
+        if self.bands[0].lower != 0:
+            raise ValueError("bands[0].lower must be 0 (the first band starts at the threshold)")
+        for index, (band, following) in enumerate(zip(self.bands, self.bands[1:], strict=False)):
+            if band.upper is None or band.upper != following.lower:
+                raise ValueError(
+                    f"bands[{index}].upper ({band.upper}) must equal bands[{index + 1}].lower "
+                    f"({following.lower}): bands must be contiguous"
+                )
+        if self.bands[-1].upper is not None:
+            raise ValueError("bands[-1].upper must be absent: the last band is open-ended")
+        return self
+
+
+class ReleaseCalendarCapacitySettings(_Strict):
+    """Inputs of the release calendar's capacity formula for one endpoint.
+
+    instances = ceil(base × multiplier / per_instance × (1 + headroom)), within min/max.
+    """
+
+    enabled: bool = True
+    base_invocations_per_min: float = Field(
+        gt=0, description="Load at a typical release hour before the multiplier."
+    )
+    per_instance_invocations_per_min: float = Field(200, gt=0)
+    headroom: float = Field(0.3, ge=0, le=5)
+
+
+class ScalingSettings(_Strict):
+    """Application Auto Scaling of one endpoint variant."""
+
+    min_capacity: int = Field(ge=1, le=100, description="Also the initial instance count.")
+    max_capacity: int = Field(ge=1, le=100)
+    target_metric: Literal["invocations_per_instance", "concurrent_requests_per_model"] = (
+        "invocations_per_instance"
+    )
+    target_invocations_per_instance_per_min: float = Field(200, gt=0)
+    target_concurrent_requests_per_model: float = Field(
+        32, gt=0, description="Used when target_metric is concurrent_requests_per_model."
+    )
+    scale_out_cooldown_s: int = Field(60, ge=0, le=3600)
+    scale_in_cooldown_s: int = Field(600, ge=0, le=86400)
+    step_scaling: StepScalingSettings | None = Field(default_factory=StepScalingSettings)
+    time_zone: str = Field("Asia/Tokyo", description="IANA zone of every schedule.")
+    off_peak: DailyFloorSettings
+    business_hours: DailyFloorSettings
+    release_calendar: ReleaseCalendarCapacitySettings | None = None
+
+    @field_validator("time_zone")
+    @classmethod
+    def _iana_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("is not an IANA time zone (e.g. Asia/Tokyo)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _limits(self) -> ScalingSettings:
+        if self.min_capacity > self.max_capacity:
+            raise ValueError(
+                f"min_capacity {self.min_capacity} is above max_capacity {self.max_capacity}"
+            )
+        for label, floor in (("off_peak", self.off_peak), ("business_hours", self.business_hours)):
+            low, high = floor.min_capacity, floor.max_capacity
+            if not self.min_capacity <= low <= high <= self.max_capacity:
+                raise ValueError(
+                    f"{label}: min {floor.min_capacity} / max {floor.max_capacity} must lie "
+                    f"within the target's min_capacity {self.min_capacity} and max_capacity "
+                    f"{self.max_capacity}"
+                )
+        if self.off_peak.start == self.business_hours.start:
+            raise ValueError("off_peak.start and business_hours.start must differ")
+        return self
+
+    def capacity_model(self) -> CapacityModel:
+        """The release calendar's view of this target (floors, limits, capacity formula)."""
+        import datetime as dt
+
+        from release_calendar import CapacityModel, DailyFloor
+
+        calendar = self.release_calendar or ReleaseCalendarCapacitySettings(
+            enabled=False, base_invocations_per_min=self.target_invocations_per_instance_per_min
+        )
+        return CapacityModel(
+            base_invocations_per_min=calendar.base_invocations_per_min,
+            per_instance_invocations_per_min=calendar.per_instance_invocations_per_min,
+            headroom=calendar.headroom,
+            min_capacity=self.min_capacity,
+            max_capacity=self.max_capacity,
+            timezone=self.time_zone,
+            off_peak=DailyFloor("off-peak", dt.time.fromisoformat(self.off_peak.start),
+                                self.off_peak.min_capacity, self.off_peak.max_capacity),
+            business_hours=DailyFloor(
+                "business-hours", dt.time.fromisoformat(self.business_hours.start),
+                self.business_hours.min_capacity, self.business_hours.max_capacity),
+        )
+
+
+class NetworkSettings(_Strict):
+    """The models' private VPC."""
+
+    cidr: Annotated[str, StringConstraints(pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|2[0-4])$")] = (
+        "10.40.0.0/20"
+    )
+    availability_zone_count: int = Field(
+        2, ge=2, le=3,
+        description="AZs of the isolated subnets, chosen by CloudFormation (Fn::GetAZs) in the "
+        "stack's region, so synth never looks them up.",
+    )
+    flow_log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+
+
+class EndpointAlarmSettings(_Strict):
+    """Alarm thresholds of one endpoint (stacks/alarm_rules.py says what each alarm means)."""
+
+    latency_p99_sla_ms: float = Field(2000, gt=0, description="ModelLatency p99 SLA (seed: 2 s).")
+    invocation_5xx_per_min: float = Field(1, gt=0)
+    engine_restarts_per_hour: int = Field(2, ge=1)
+    fallback_rate_percent: float = Field(5, gt=0, le=100)
+    gpu_memory_percent: float = Field(98, gt=0, le=100, description="Per GPU.")
+    kv_cache_usage_percent: float = Field(90, gt=0, le=100)
+    queue_wait_p99_ms: float = Field(150, gt=0, description="Seed 001: < 150 ms at 100 RPS.")
+    pinned_at_max_minutes: int = Field(15, ge=1, le=60)
+
+
+AdapterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")]
+FolderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+RepoRelativePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$")]
+S3Prefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*[^/]$")]
+ROUTE_BASE = "base"
+"""Routing-table value meaning "the base model, no adapter"."""
+
+
+class LoraAdapterSettings(_Strict):
+    """One LoRA adapter served on the shared base model."""
+
+    name: AdapterName = Field(description="Name clients put in `model` (vLLM's convention).")
+    directory: FolderName | None = Field(
+        None, description="Folder under <artifact_prefix>/adapters/ (default: the name)."
+    )
+    rank: int = Field(description="LoRA rank r of the adapter (vLLM accepts 1, 8, 16, ... 512).")
+
+    @property
+    def folder(self) -> str:
+        """Folder name under ``adapters/`` in the model data."""
+        return self.directory or self.name
+
+    @field_validator("rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        from gpu_budget import ALLOWED_LORA_RANKS
+
+        if value not in ALLOWED_LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, ALLOWED_LORA_RANKS))}")
+        return value
+
+
+class BaseModelSettings(_Strict):
+    """The served base model: its architecture (for the GPU budget) and where its weights are."""
+
+    config: RepoRelativePath = Field(
+        description="Hugging Face config.json of the model, relative to the repo root."
+    )
+    quantization: str = Field(
+        description="Checkpoint format: bf16, fp16, int8, awq, awq-g64, w4a16, w4a16-g64."
+    )
+    served_model_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    artifact_prefix: S3Prefix = Field(
+        description="Prefix in the artifact bucket holding the weights and tokenizer; LoRA "
+        "adapters live under <prefix>/adapters/<name>/."
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _config_exists(cls, value: str) -> str:
+        if not (REPO_ROOT / value).is_file():
+            available = sorted(
+                str(p.relative_to(REPO_ROOT)) for p in (CONFIG_DIR / "models").glob("*.json")
+            )
+            raise ValueError(f"no such file; available: {', '.join(available)}")
+        return value
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_quantization(cls, value: str) -> str:
+        from gpu_budget import parse_quantization
+
+        parse_quantization(value)
+        return value
+
+
+class EngineOverrides(_Strict):
+    """Engine settings a person may pin; the GPU budget still checks that they fit."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=0.95)
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=131072)
+    enable_prefix_caching: bool = Field(True, description="Reuse the system prompt's KV blocks.")
+    enforce_eager: bool = Field(False, description="Skip CUDA graphs (slower; frees memory).")
+    max_num_queued_reqs: int | None = Field(
+        None, ge=1, description="vLLM answers 503 past this queue length (None: unbounded)."
+    )
+
+
+class HealthCheckSettings(_Strict):
+    """How long SageMaker waits for a new instance: weight download, then warm-up."""
+
+    model_data_download_timeout_s: int = Field(1200, ge=60, le=3600)
+    container_startup_health_check_timeout_s: int = Field(
+        1200, ge=60, le=3600,
+        description="Until /ping answers 200: engine start, CUDA-graph capture and warm-up.",
+    )
+
+
+class CanaryDeploymentSettings(_Strict):
+    """Blue/green updates: shift a canary share, bake, then the rest; roll back on alarms."""
+
+    canary_percent: int = Field(10, ge=1, le=50, description="Capacity share of the canary.")
+    canary_bake_s: int = Field(600, ge=0, le=3600, description="Wait before shifting the rest.")
+    termination_wait_s: int = Field(
+        300, ge=0, le=3600, description="Keep the old fleet this long after the full shift."
+    )
+    maximum_execution_timeout_s: int = Field(3600, ge=600, le=14400)
+
+
+class LlmEndpointSettings(_Strict):
+    """The vLLM endpoint: model, instance, context window, adapters, health and deployment."""
+
+    instance_type: str = Field("ml.g5.xlarge", description="A GPU instance of the catalog.")
+    model: BaseModelSettings
+    max_model_len: int = Field(4096, ge=256, le=131072)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    block_size: Literal[16, 32] = 16
+    engine: EngineOverrides = Field(default_factory=EngineOverrides)
+    adapters: list[LoraAdapterSettings] = Field(default_factory=list)
+    max_loras: int | None = Field(
+        None, ge=1, le=64, description="Adapters per batch (default: all of them)."
+    )
+    routing: dict[str, AdapterName] = Field(
+        default_factory=dict,
+        description="intent -> adapter name (or 'base') when a request names no model.",
+    )
+    locale_routes: dict[
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")],
+        dict[AdapterName, AdapterName],
+    ] = Field(
+        default_factory=dict,
+        description="locale -> {adapter picked by intent: adapter to use instead}.",
+    )
+    health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    deployment: CanaryDeploymentSettings = Field(default_factory=CanaryDeploymentSettings)
+    scaling: ScalingSettings
+    alarms: EndpointAlarmSettings = Field(default_factory=EndpointAlarmSettings)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _gpu_instance(cls, value: str) -> str:
+        from gpu_budget import instance_type
+
+        kind = instance_type(value).accelerator_kind
+        if kind != "gpu":
+            raise ValueError(f"is an {kind} instance; the vLLM endpoint needs a GPU instance")
+        return value
+
+    @field_validator("routing")
+    @classmethod
+    def _known_intents(cls, value: dict[str, str]) -> dict[str, str]:
+        from intents import INTENT_LABELS
+
+        unknown = sorted(set(value) - set(INTENT_LABELS))
+        if unknown:
+            raise ValueError(
+                f"unknown intent(s) {', '.join(unknown)}; accepted: {', '.join(INTENT_LABELS)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _adapters_consistent(self) -> LlmEndpointSettings:
+        names = [adapter.name for adapter in self.adapters]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"adapters: name {duplicates[0]!r} is used twice")
+        served = {*names, ROUTE_BASE}
+        for intent, target in self.routing.items():
+            if target not in served:
+                raise ValueError(
+                    f"routing.{intent}: {target!r} is not a configured adapter; accepted: "
+                    f"{', '.join(sorted(served))}"
+                )
+        for locale, table in self.locale_routes.items():
+            for source, target in table.items():
+                for name in (source, target):
+                    if name not in names:
+                        raise ValueError(
+                            f"locale_routes.{locale}: {name!r} is not a configured adapter; "
+                            f"accepted: {', '.join(sorted(names))}"
+                        )
+        if self.max_loras is not None and self.max_loras > len(self.adapters):
+            raise ValueError(
+                f"max_loras: {self.max_loras} is more than the {len(self.adapters)} configured "
+                "adapters"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_the_gpu(self) -> LlmEndpointSettings:
+        from gpu_budget import BudgetError
+
+        try:
+            self.memory_plan()
+        except BudgetError as exc:
+            raise ValueError(f"the GPU memory budget refuses this configuration: {exc}") from None
+        return self
+
+    def memory_plan(self) -> MemoryPlan:
+        """The GPU budget's plan for these settings (raises BudgetError when it cannot fit)."""
+        from gpu_budget import plan
+
+        return plan(
+            str(REPO_ROOT / self.model.config),
+            quantization=self.model.quantization,
+            instance=self.instance_type,
+            max_model_len=self.max_model_len,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size,
+            gpu_memory_utilization=self.engine.gpu_memory_utilization,
+            max_num_seqs=self.engine.max_num_seqs,
+            max_num_batched_tokens=self.engine.max_num_batched_tokens,
+            max_loras=self.lora_slots,
+            max_lora_rank=self.max_lora_rank,
+        )
+
+    @property
+    def lora_slots(self) -> int:
+        """Adapters vLLM keeps on the GPU at once (max_loras)."""
+        return self.max_loras if self.max_loras is not None else len(self.adapters)
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The largest adapter rank (vLLM sizes every slot for it)."""
+        return max((adapter.rank for adapter in self.adapters), default=0)
+
+
 class EnvironmentSettings(_Strict):
     """Everything that differs between environments. Read by every stack, validated once."""
 
@@ -93,6 +487,8 @@ class EnvironmentSettings(_Strict):
     ] = Field(default_factory=dict, description="Tags applied to every resource.")
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     artifacts: ArtifactBucketSettings = Field(default_factory=ArtifactBucketSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    llm: LlmEndpointSettings
 
     @field_validator("region")
     @classmethod
@@ -107,6 +503,11 @@ class EnvironmentSettings(_Strict):
     def resource_prefix(self) -> str:
         """Prefix for physical names that must be stable per environment."""
         return f"manga-assist-{self.name}"
+
+    @property
+    def artifact_bucket_name(self) -> str:
+        """The model-artifact bucket's name: fixed, so the serving stack needs no export."""
+        return f"{self.resource_prefix}-models-{self.account}-{self.region}"
 
 
 # --- loading and error reporting -------------------------------------------------------------
@@ -160,6 +561,8 @@ def _format_error(source: str, model: type[BaseModel], error: ErrorDetails) -> s
     if error["type"] == "missing":
         return f"{source}: {location}: required field is missing"
     message = error["msg"].removeprefix("Value error, ")
+    if isinstance(error["input"], dict | list):  # a whole section: its repr would drown the message
+        return f"{source}: {location}: {message}"
     return f"{source}: {location}: {error['input']!r} is not accepted: {message}"
 
 

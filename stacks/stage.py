@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from stacks.foundation_stack import FoundationStack
+from stacks.serving_stack import ServingStack
 from stacks.settings import EnvironmentSettings
 
 
@@ -20,6 +21,14 @@ class MangaAssistStage(cdk.Stage):
         )
         self.settings = settings
         self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        self.serving = ServingStack(
+            self,
+            "Serving",
+            settings=settings,
+            encryption_key=self.foundation.kms_key,
+            alarm_topic=self.foundation.alarm_topic.sns_topic,
+        )
+        self.serving.add_dependency(self.foundation, "the artifact bucket is referenced by name")
         for key, value in settings.tags.items():
             cdk.Tags.of(self).add(key, value)
 

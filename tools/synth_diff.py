@@ -112,7 +112,8 @@ def cdk_diff(new_assembly: Path, base_template: Path, stack: str) -> tuple[bool,
     """Run the CDK CLI's offline template diff; return (changed, output)."""
     result = subprocess.run(
         [
-            *cdk_cli(), "diff", "--fail", "--no-notices", "--no-version-reporting",
+            *cdk_cli(), "diff", "--fail", "--exclusively", "--no-notices",
+            "--no-version-reporting",
             "--app", str(new_assembly), "--template", str(base_template), stack,
         ],
         cwd=REPO_ROOT,
@@ -122,9 +123,10 @@ def cdk_diff(new_assembly: Path, base_template: Path, stack: str) -> tuple[bool,
         check=False,
     )
     output = (result.stdout + result.stderr).strip()
-    if result.returncode not in (0, 1):
+    summary = re.search(r"Number of stacks with differences: (\d+)", output)
+    if result.returncode not in (0, 1) or summary is None:
         raise DiffError(f"cdk diff failed for {stack} (exit {result.returncode}):\n{output}")
-    return result.returncode == 1, output
+    return int(summary.group(1)) > 0, output
 
 
 def diff_assemblies(base_dir: Path | None, new_dir: Path, work: Path) -> tuple[list[str], str]:

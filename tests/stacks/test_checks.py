@@ -32,7 +32,9 @@ def acknowledgements(outdir: Path) -> list[tuple[str, str, str]]:
         for path, entries in json.loads(metadata_file.read_text()).items():
             for entry in entries:
                 if entry.get("type") == "aws:cdk:acknowledged-rules":
-                    found.extend((path, rule, reason) for rule, reason in entry["data"].items())
+                    # aws-cdk-lib acknowledges some of its own cfn-lint rules; only ours count.
+                    found.extend((path, rule, reason) for rule, reason in entry["data"].items()
+                                 if rule.startswith("AwsSolutions::"))
     return found
 
 
@@ -42,6 +44,7 @@ def test_every_acknowledgement_is_on_one_resource_with_a_reason(synthesized) -> 
     stack_paths = {f"/{name}" for name in synthesized.templates}
     for path, rule, reason in found:
         assert rule.startswith("AwsSolutions::AwsSolutions-"), rule
+        assert "[" in rule or rule.split("::")[1] not in {"AwsSolutions-IAM4", "AwsSolutions-IAM5"}
         assert path not in stack_paths, f"{rule} is acknowledged for a whole stack ({path})"
         assert len(reason) >= 40, f"{rule} on {path}: reason too short: {reason!r}"
 

@@ -1,0 +1,215 @@
+"""The alarm rules of each endpoint kind: what pages, what warns, and why.
+
+Seed 002's lesson is to watch GPU memory, queue depth and time to first token together; seed
+000's, that every circuit-breaker trip emits a metric someone sees. The thresholds come from
+settings (``llm.alarms``, ``intent.alarms``); the rules' shape lives here.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_cloudwatch as cloudwatch
+
+import metrics_contract as mc
+from stacks.alarms import AlarmRule, MathInput
+from stacks.settings import EndpointAlarmSettings
+
+GTE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+GT = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
+NOT_BREACHING = cloudwatch.TreatMissingData.NOT_BREACHING
+MISSING = cloudwatch.TreatMissingData.MISSING
+
+ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "oom-circuit-trips", "model-latency-p99")
+"""Alarms that roll a blue/green deployment of the LLM endpoint back."""
+
+INTENT_ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "model-latency-p99")
+
+INSTANCE_COUNT_EXPRESSION = "IF(perinstance > 0, invocations / perinstance, 0)"
+"""SageMaker publishes no instance count for a variant; Invocations ÷ InvocationsPerInstance
+(both per-minute sums) is the number of InService instances whenever the variant has traffic."""
+
+
+def capacity_pinned_rule(*, max_capacity: int, minutes: int) -> AlarmRule:
+    """Instances at the scaling maximum for ``minutes``: autoscaling has nothing left to give."""
+    return AlarmRule(
+        name="capacity-pinned-at-max",
+        expression=INSTANCE_COUNT_EXPRESSION,
+        inputs={
+            "invocations": MathInput(mc.SM_INVOCATIONS, "Sum"),
+            "perinstance": MathInput(mc.SM_INVOCATIONS_PER_INSTANCE, "Sum"),
+        },
+        threshold=max_capacity - 0.5,
+        comparison=GTE,
+        period_s=60,
+        evaluation_periods=minutes,
+        datapoints_to_alarm=minutes,
+        missing_data=NOT_BREACHING,
+        severity="page",
+        meaning=f"The variant has run at its maximum of {max_capacity} instances for {minutes} "
+        "minutes: autoscaling cannot add capacity and requests will start to be shed.",
+        runbook="scaling-pinned-at-max.md",
+    )
+
+
+def common_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[AlarmRule]:
+    """Rules every SageMaker endpoint gets: 5xx, latency p99, capacity pinned at max."""
+    return [
+        AlarmRule(
+            name="invocation-5xx",
+            metric=mc.SM_INVOCATION_5XX,
+            statistic="Sum",
+            threshold=settings.invocation_5xx_per_min,
+            comparison=GTE,
+            period_s=60,
+            evaluation_periods=3,
+            datapoints_to_alarm=2,
+            missing_data=NOT_BREACHING,  # no traffic, no errors
+            severity="page",
+            meaning="The container answered requests with 5xx in 2 of the last 3 minutes. The "
+            "gateway never answers bad input with 5xx: this is a crash, a dead engine past its "
+            "grace, or an instance SageMaker is replacing.",
+            runbook="engine-restarts.md",
+        ),
+        AlarmRule(
+            name="model-latency-p99",
+            metric=mc.SM_MODEL_LATENCY,
+            statistic="p99",
+            threshold=settings.latency_p99_sla_ms * 1000,  # SageMaker reports microseconds
+            comparison=GT,
+            period_s=60,
+            evaluation_periods=5,
+            datapoints_to_alarm=3,
+            missing_data=NOT_BREACHING,
+            severity="page",
+            meaning=f"ModelLatency p99 was above the {settings.latency_p99_sla_ms} ms SLA in 3 "
+            "of the last 5 minutes.",
+            runbook="oom-diagnosis.md",
+        ),
+        capacity_pinned_rule(max_capacity=max_capacity, minutes=settings.pinned_at_max_minutes),
+    ]
+
+
+def llm_alarm_rules(
+    settings: EndpointAlarmSettings, *, gpu_count: int, max_capacity: int
+) -> list[AlarmRule]:
+    """Every alarm of the vLLM endpoint."""
+    return [
+        *common_rules(settings, max_capacity=max_capacity),
+        AlarmRule(
+            name="oom-circuit-trips",
+            metric=mc.OOM_CIRCUIT_TRIPS,
+            statistic="Sum",
+            threshold=1,
+            comparison=GTE,
+            period_s=60,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,  # emitted only when a trip happens
+            severity="page",
+            meaning="The engine died of GPU OOM (or another engine fault) and the circuit "
+            "breaker opened: requests got the fallback answer while the engine was rebuilt.",
+            runbook="breaker-open.md",
+        ),
+        AlarmRule(
+            name="engine-restarts",
+            metric=mc.ENGINE_RESTARTS,
+            statistic="Sum",
+            threshold=settings.engine_restarts_per_hour,
+            comparison=GTE,
+            period_s=3600,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning=f"The gateway rebuilt a dead engine {settings.engine_restarts_per_hour} or "
+            "more times in an hour; one more death in the crash-loop window turns /ping red and "
+            "SageMaker replaces the instance.",
+            runbook="engine-restarts.md",
+        ),
+        AlarmRule(
+            name="fallback-rate",
+            expression="IF(requests > 0, 100 * fallbacks / requests, 0)",
+            inputs={
+                "fallbacks": MathInput(mc.FALLBACKS, "Sum"),
+                "requests": MathInput(mc.REQUESTS, "Sum"),
+            },
+            threshold=settings.fallback_rate_percent,
+            comparison=GTE,
+            period_s=300,
+            evaluation_periods=2,
+            datapoints_to_alarm=2,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning=f"More than {settings.fallback_rate_percent} % of requests got the "
+            "controlled fallback for 10 minutes: the breaker keeps opening or XL requests are "
+            "refused while it is open.",
+            runbook="breaker-open.md",
+        ),
+        AlarmRule(
+            name="gpu-memory-utilization",
+            metric=mc.SM_GPU_MEMORY_UTILIZATION,
+            statistic="Maximum",
+            threshold=settings.gpu_memory_percent * gpu_count,  # 0-100 per GPU, summed
+            comparison=GTE,
+            period_s=60,
+            evaluation_periods=5,
+            datapoints_to_alarm=5,
+            missing_data=MISSING,
+            severity="warn",
+            meaning=f"GPU memory stayed at or above {settings.gpu_memory_percent} % (of "
+            f"{gpu_count} GPU(s)) for 5 minutes. vLLM preallocates its budget, so this means the "
+            "headroom outside gpu_memory_utilization is being eaten: the next allocation may OOM.",
+            runbook="oom-diagnosis.md",
+        ),
+        AlarmRule(
+            name="kv-cache-usage-high",
+            metric=mc.KV_CACHE_USAGE,
+            statistic="Average",
+            threshold=settings.kv_cache_usage_percent,
+            comparison=GTE,
+            period_s=60,
+            evaluation_periods=10,
+            datapoints_to_alarm=8,
+            missing_data=MISSING,
+            severity="warn",
+            meaning=f"KV-cache usage averaged {settings.kv_cache_usage_percent} % or more in 8 of "
+            "the last 10 minutes: admission is about to shed and the engine to preempt.",
+            runbook="oom-diagnosis.md",
+        ),
+        AlarmRule(
+            name="queue-wait-p99",
+            metric=mc.QUEUE_WAIT,
+            statistic="p99",
+            threshold=settings.queue_wait_p99_ms,
+            comparison=GT,
+            period_s=60,
+            evaluation_periods=5,
+            datapoints_to_alarm=3,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning=f"Requests waited more than {settings.queue_wait_p99_ms} ms (p99) for "
+            "admission in 3 of the last 5 minutes (seed 001: < 150 ms at 100 RPS).",
+            runbook="oom-diagnosis.md",
+        ),
+    ]
+
+
+def intent_alarm_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[AlarmRule]:
+    """Every alarm of the intent classifier endpoint."""
+    return [
+        *common_rules(settings, max_capacity=max_capacity),
+        AlarmRule(
+            name="intent-latency-p99",
+            metric=mc.INTENT_LATENCY,
+            statistic="p99",
+            threshold=settings.latency_p99_sla_ms,
+            comparison=GT,
+            period_s=60,
+            evaluation_periods=5,
+            datapoints_to_alarm=3,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning=f"Classifier inference p99 inside the container exceeded "
+            f"{settings.latency_p99_sla_ms} ms in 3 of the last 5 minutes.",
+            runbook="scaling-pinned-at-max.md",
+        ),
+    ]

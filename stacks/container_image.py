@@ -1,0 +1,49 @@
+"""Container images built from this repository, with the repo root as the build context.
+
+An image may copy shared pure modules (``gpu_budget``, ``metrics_contract``, ``intents``) next to
+its own folder, so its build context is the repository root. Only the folders an image names are
+staged into the cloud assembly; its asset hash therefore changes only when they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecr_assets as ecr_assets
+from constructs import Construct
+
+from stacks.settings import REPO_ROOT
+
+ALWAYS_EXCLUDED: tuple[str, ...] = ("**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/tests")
+
+
+def image_exclude_patterns(sources: Sequence[str]) -> list[str]:
+    """Docker-ignore patterns that keep exactly ``sources`` (repo-relative folders or files)."""
+    for source in sources:
+        if not (REPO_ROOT / source).exists():
+            raise ValueError(f"image source {source!r} does not exist under {REPO_ROOT}")
+    return ["*", *(f"!{source}" for source in sources), *ALWAYS_EXCLUDED]
+
+
+def repo_image_asset(
+    scope: Construct,
+    id_: str,
+    *,
+    dockerfile: str,
+    sources: Sequence[str],
+    build_args: dict[str, str] | None = None,
+) -> ecr_assets.DockerImageAsset:
+    """A linux/amd64 image built from ``dockerfile`` with only ``sources`` in its context."""
+    if not any(dockerfile.startswith(f"{source}/") for source in sources):
+        raise ValueError(f"{dockerfile} must lie inside one of the image sources {list(sources)}")
+    return ecr_assets.DockerImageAsset(
+        scope,
+        id_,
+        directory=str(REPO_ROOT),
+        file=dockerfile,
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        exclude=image_exclude_patterns(sources),
+        ignore_mode=cdk.IgnoreMode.DOCKER,
+        build_args=build_args,
+    )

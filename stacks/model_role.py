@@ -1,0 +1,123 @@
+"""The execution role of a SageMaker model: read one prefix, pull one image, write its logs."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.nag import acknowledge
+from stacks.network import ModelNetwork
+
+
+class ModelExecutionRole(Construct):
+    """A role SageMaker assumes for one endpoint's model, and nothing more.
+
+    * read ``<artifact_prefix>/*`` of the artifact bucket (and decrypt with its key);
+    * pull the endpoint's image from its ECR repository;
+    * write the endpoint's log group ``/aws/sagemaker/Endpoints/<endpoint_name>``;
+    * manage the network interfaces SageMaker attaches in the model's VPC.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        endpoint_name: str,
+        artifact_bucket: s3.IBucket,
+        artifact_prefix: str,
+        image: ecr_assets.DockerImageAsset,
+        network: ModelNetwork,
+    ) -> None:
+        super().__init__(scope, id_)
+        stack = cdk.Stack.of(self)
+        self.iam_role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description=f"SageMaker model of {endpoint_name}: its artifacts, image and logs only",
+        )
+        objects_arn = artifact_bucket.arn_for_objects(f"{artifact_prefix}/*")
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadModelData",
+                actions=["s3:GetObject"],
+                resources=[objects_arn],
+            )
+        )
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ListModelData",
+                actions=["s3:ListBucket"],
+                resources=[artifact_bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{artifact_prefix}/*"]}},
+            )
+        )
+        if artifact_bucket.encryption_key is not None:
+            self.iam_role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="DecryptModelData",
+                    actions=["kms:Decrypt"],
+                    resources=[artifact_bucket.encryption_key.key_arn],
+                    conditions={
+                        "StringEquals": {"kms:ViaService": f"s3.{stack.region}.amazonaws.com"}
+                    },
+                )
+            )
+        image.repository.grant_pull(self.iam_role)
+
+        log_group_arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="EndpointLogs",
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
+                         "logs:DescribeLogStreams"],
+                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+            )
+        )
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="VpcNetworkInterfaces",
+                actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
+                         "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
+                resources=["*"],
+                conditions={"ArnEquals": {"ec2:Vpc": stack.format_arn(
+                    service="ec2", resource="vpc", resource_name=network.ec2_vpc.vpc_id)}},
+            )
+        )
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="VpcDescribe",
+                actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
+                         "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
+                         "ec2:DescribeSecurityGroups"],
+                resources=["*"],
+            )
+        )
+        acknowledge(
+            self.iam_role,
+            "AwsSolutions-IAM5",
+            "Each wildcard is as narrow as the API allows: the objects under this model's own "
+            "prefix; the streams of this endpoint's own log group; ecr:GetAuthorizationToken and "
+            "EC2 Describe* have no resource-level permissions; the network-interface calls "
+            "SageMaker makes for the model's VPC are limited to that VPC by ec2:Vpc.",
+            applies_to=[
+                f"Resource::arn:aws:s3:::{_literal(artifact_bucket.bucket_name)}/{artifact_prefix}/*",
+                f"Resource::{log_group_arn}:log-stream:*",
+                "Resource::*",
+            ],
+        )
+
+
+def _literal(value: str) -> str:
+    if cdk.Token.is_unresolved(value):
+        raise ValueError("the artifact bucket must be referenced by its literal name")
+    return value

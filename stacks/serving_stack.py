@@ -1,0 +1,95 @@
+"""Serving stack: the models' network, the LLM endpoint, its scaling and its alarms.
+
+It only wires constructs together; each construct's module says what it builds and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from gpu_budget import instance_type
+from stacks.alarm_rules import ROLLBACK_RULES, llm_alarm_rules
+from stacks.alarms import EndpointAlarms
+from stacks.llm_endpoint import LlmEndpoint
+from stacks.network import ModelNetwork
+from stacks.settings import EnvironmentSettings
+
+VARIANT_NAME = "AllTraffic"
+
+
+class ServingStack(cdk.Stack):
+    """Everything that serves traffic in one environment; replaceable without data loss."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        settings: EnvironmentSettings,
+        encryption_key: kms.IKey,
+        alarm_topic: sns.ITopic,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            scope,
+            id_,
+            description=f"MangaAssist GPU inference platform ({settings.name}): endpoints, "
+            "scaling, alarms",
+            **kwargs,
+        )
+        self.network = ModelNetwork(
+            self,
+            "Network",
+            cidr=settings.network.cidr,
+            availability_zone_count=settings.network.availability_zone_count,
+            encryption_key=encryption_key,
+            flow_log_retention=getattr(
+                logs.RetentionDays, _RETENTION[settings.network.flow_log_retention_days]
+            ),
+        )
+        # Referenced by its fixed name (no cross-stack export to pin the foundation stack).
+        artifact_bucket = s3.Bucket.from_bucket_attributes(
+            self,
+            "ArtifactBucket",
+            bucket_name=settings.artifact_bucket_name,
+            encryption_key=encryption_key,
+        )
+        self.network.restrict_s3_endpoint(bucket_arns=[artifact_bucket.bucket_arn])
+
+        llm = settings.llm
+        llm_endpoint_name = f"{settings.resource_prefix}-llm"
+        self.llm_alarms = EndpointAlarms(
+            self,
+            "LlmAlarms",
+            endpoint_name=llm_endpoint_name,
+            variant_name=VARIANT_NAME,
+            rules=llm_alarm_rules(
+                llm.alarms,
+                gpu_count=instance_type(llm.instance_type).gpu_count,
+                max_capacity=llm.scaling.max_capacity,
+            ),
+            alarm_topic=alarm_topic,
+        )
+        self.llm_endpoint = LlmEndpoint(
+            self,
+            "LlmEndpoint",
+            settings=llm,
+            endpoint_name=llm_endpoint_name,
+            variant_name=VARIANT_NAME,
+            initial_instance_count=llm.scaling.min_capacity,
+            artifact_bucket=artifact_bucket,
+            encryption_key=encryption_key,
+            network=self.network,
+            rollback_alarms=self.llm_alarms.by_name(ROLLBACK_RULES),
+        )
+
+
+_RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",
+              90: "THREE_MONTHS", 180: "SIX_MONTHS", 365: "ONE_YEAR"}
