@@ -43,7 +43,7 @@ lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron containers/intent/intent_server
 
 test: setup lint typecheck ## ruff, mypy and the whole test suite
 	$(PY) -m pytest

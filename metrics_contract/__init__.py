@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 NAMESPACE = "MangaAssist/Inference"
@@ -27,7 +27,8 @@ ENDPOINT_DIMENSIONS: tuple[str, ...] = ("EndpointName", "VariantName")
 """Dimensions of every per-endpoint metric, ours and SageMaker's."""
 
 
-class Unit(StrEnum):
+# (str, Enum) rather than StrEnum: the Inf1 serving image runs Python 3.10, which has no StrEnum.
+class Unit(str, Enum):  # noqa: UP042
     """CloudWatch units used by the contract (the exact strings CloudWatch accepts)."""
 
     COUNT = "Count"
@@ -37,13 +38,14 @@ class Unit(StrEnum):
     NONE = "None"
 
 
-class Emitter(StrEnum):
+class Emitter(str, Enum):  # noqa: UP042
     """Who puts the metric into CloudWatch."""
 
     GATEWAY = "gateway"
     CLASSIFIER = "classifier"
     CALENDAR_LAMBDA = "release-calendar-lambda"
     SAGEMAKER = "sagemaker"
+    AWS_LAMBDA = "aws-lambda"
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ class MetricSpec:
 
     @property
     def is_custom(self) -> bool:
-        """True for metrics our own code emits (as opposed to SageMaker's built-in ones)."""
-        return self.emitter is not Emitter.SAGEMAKER
+        """True for metrics our own code emits (as opposed to AWS services' built-in ones)."""
+        return self.emitter not in (Emitter.SAGEMAKER, Emitter.AWS_LAMBDA)
 
 
 # --- LLM gateway -------------------------------------------------------------------------------
@@ -172,6 +174,12 @@ SM_CPU_UTILIZATION = MetricSpec("CPUUtilization", Unit.PERCENT,
                                 Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
 SM_MEMORY_UTILIZATION = MetricSpec("MemoryUtilization", Unit.PERCENT, "Host memory in use.",
                                    Emitter.SAGEMAKER, namespace=SAGEMAKER_ENDPOINT_NAMESPACE)
+
+# --- AWS Lambda's own metrics (the release-calendar function) ----------------------------------
+LAMBDA_NAMESPACE = "AWS/Lambda"
+LAMBDA_ERRORS = MetricSpec("Errors", Unit.COUNT, "Invocations that ended in an error.",
+                           Emitter.AWS_LAMBDA, namespace=LAMBDA_NAMESPACE,
+                           dimensions=("FunctionName",))
 
 ALL_METRICS: tuple[MetricSpec, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricSpec)
