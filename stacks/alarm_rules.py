@@ -213,3 +213,40 @@ def intent_alarm_rules(settings: EndpointAlarmSettings, *, max_capacity: int) ->
             runbook="scaling-pinned-at-max.md",
         ),
     ]
+
+
+def calendar_lambda_rules() -> list[AlarmRule]:
+    """The release-calendar Lambda: failed runs and skipped calendar entries."""
+    return [
+        AlarmRule(
+            name="errors",
+            metric=mc.LAMBDA_ERRORS,
+            statistic="Sum",
+            threshold=1,
+            comparison=GTE,
+            period_s=300,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,  # it runs once a day and after deployments
+            severity="warn",
+            meaning="The release-calendar reconciler failed: the calendar could not be read or "
+            "parsed, its configuration is wrong, or scheduled-action calls failed. Dated "
+            "releases may not be pre-scaled.",
+            runbook="release-calendar-lambda.md",
+        ),
+        AlarmRule(
+            name="entries-skipped",
+            metric=mc.CALENDAR_ENTRIES_SKIPPED,
+            statistic="Maximum",
+            threshold=1,
+            comparison=GTE,
+            period_s=3600,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning="The reconciler skipped invalid calendar entries (their existing actions "
+            "were left as they were; the other entries applied).",
+            runbook="release-calendar-lambda.md",
+        ),
+    ]

@@ -104,8 +104,9 @@ class AlarmRule:
     def cloudwatch_metric(
         self, dimensions_for: Mapping[str, Mapping[str, str]]
     ) -> cloudwatch.IMetric:
-        """The metric (or expression) for one endpoint; ``dimensions_for`` maps namespace →
-        dimensions (SageMaker's and our metrics share EndpointName/VariantName)."""
+        """The metric (or expression) on concrete dimensions. ``dimensions_for`` maps a
+        namespace (or ``*`` for any) to dimension values; each metric takes the keys the
+        contract publishes it with."""
         period = cdk.Duration.seconds(self.period_s)
         if self.metric is not None:
             assert self.statistic is not None
@@ -128,14 +129,18 @@ class AlarmRule:
 
 def _dims(spec: MetricSpec, dimensions_for: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     available = dimensions_for.get(spec.namespace) or dimensions_for["*"]
+    missing = [key for key in spec.dimensions if key not in available]
+    if missing:
+        raise ValueError(f"{spec.name} needs dimension(s) {missing}; given {sorted(available)}")
     return {key: available[key] for key in spec.dimensions}
 
 
-class EndpointAlarms(Construct):
-    """The alarms of one endpoint variant, its paging composite, and their actions.
+class AlarmSet(Construct):
+    """CloudWatch alarms for a list of rules on one set of dimensions, plus a paging composite.
 
-    Alarm names are stable (``<endpoint>-<rule>``) because the endpoint's blue/green rollback
-    configuration refers to alarms by name.
+    Alarm names are stable (``<name_prefix>-<rule>``): the endpoints' blue/green rollback
+    configuration refers to alarms by name. "warn" rules notify the topic themselves; "page"
+    rules feed the composite ``<name_prefix>-page``, which notifies the topic.
     """
 
     def __init__(
@@ -143,16 +148,15 @@ class EndpointAlarms(Construct):
         scope: Construct,
         id_: str,
         *,
-        endpoint_name: str,
-        variant_name: str,
+        name_prefix: str,
+        dimensions: Mapping[str, str],
         rules: Sequence[AlarmRule],
         alarm_topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, id_)
         names = [rule.name for rule in rules]
         if len(set(names)) != len(names):
-            raise ValueError(f"{endpoint_name}: duplicate alarm rule names in {names}")
-        dimensions = {"*": {"EndpointName": endpoint_name, "VariantName": variant_name}}
+            raise ValueError(f"{name_prefix}: duplicate alarm rule names in {names}")
         action = cloudwatch_actions.SnsAction(alarm_topic)
         self.rules = {rule.name: rule for rule in rules}
         self.alarms: dict[str, cloudwatch.Alarm] = {}
@@ -160,9 +164,9 @@ class EndpointAlarms(Construct):
             alarm = cloudwatch.Alarm(
                 self,
                 rule.name,
-                alarm_name=f"{endpoint_name}-{rule.name}",
+                alarm_name=f"{name_prefix}-{rule.name}",
                 alarm_description=rule.description(),
-                metric=rule.cloudwatch_metric(dimensions),
+                metric=rule.cloudwatch_metric({"*": dimensions}),
                 threshold=rule.threshold,
                 comparison_operator=rule.comparison,
                 evaluation_periods=rule.evaluation_periods,
@@ -174,19 +178,18 @@ class EndpointAlarms(Construct):
                 alarm.add_ok_action(action)
             self.alarms[rule.name] = alarm
 
-        paging = [self.alarms[rule.name] for rule in rules if rule.severity == "page"]
+        paging = [rule.name for rule in rules if rule.severity == "page"]
         self.page_alarm: cloudwatch.CompositeAlarm | None = None
         if paging:
             self.page_alarm = cloudwatch.CompositeAlarm(
                 self,
                 "Page",
-                composite_alarm_name=f"{endpoint_name}-page",
+                composite_alarm_name=f"{name_prefix}-page",
                 alarm_description=(
-                    f"Page the on-call for {endpoint_name}: one of "
-                    f"{', '.join(rule.name for rule in rules if rule.severity == 'page')} is in "
+                    f"Page the on-call for {name_prefix}: one of {', '.join(paging)} is in "
                     f"ALARM. Start at {RUNBOOK_BASE_URL}/README.md"
                 ),
-                alarm_rule=cloudwatch.AlarmRule.any_of(*paging),
+                alarm_rule=cloudwatch.AlarmRule.any_of(*(self.alarms[n] for n in paging)),
             )
             self.page_alarm.add_alarm_action(action)
             self.page_alarm.add_ok_action(action)
@@ -197,3 +200,28 @@ class EndpointAlarms(Construct):
         if missing:
             raise KeyError(f"no alarm rule(s) {missing}; defined: {sorted(self.alarms)}")
         return [self.alarms[name] for name in names]
+
+
+class EndpointAlarms(AlarmSet):
+    """The alarms of one endpoint variant (EndpointName and VariantName dimensions)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        endpoint_name: str,
+        variant_name: str,
+        rules: Sequence[AlarmRule],
+        alarm_topic: sns.ITopic,
+    ) -> None:
+        super().__init__(
+            scope,
+            id_,
+            name_prefix=endpoint_name,
+            dimensions={"EndpointName": endpoint_name, "VariantName": variant_name},
+            rules=rules,
+            alarm_topic=alarm_topic,
+        )
+        self.endpoint_name = endpoint_name
+        self.variant_name = variant_name

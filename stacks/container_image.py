@@ -18,11 +18,12 @@ from stacks.settings import REPO_ROOT
 ALWAYS_EXCLUDED: tuple[str, ...] = ("**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/tests")
 
 
-def image_exclude_patterns(sources: Sequence[str]) -> list[str]:
-    """Docker-ignore patterns that keep exactly ``sources`` (repo-relative folders or files)."""
+def repo_asset_excludes(sources: Sequence[str]) -> list[str]:
+    """Docker-ignore patterns that keep exactly ``sources`` (repo-relative folders or files)
+    of the repository root: for image build contexts and Lambda code assets alike."""
     for source in sources:
         if not (REPO_ROOT / source).exists():
-            raise ValueError(f"image source {source!r} does not exist under {REPO_ROOT}")
+            raise ValueError(f"asset source {source!r} does not exist under {REPO_ROOT}")
     return ["*", *(f"!{source}" for source in sources), *ALWAYS_EXCLUDED]
 
 
@@ -43,7 +44,7 @@ def repo_image_asset(
         directory=str(REPO_ROOT),
         file=dockerfile,
         platform=ecr_assets.Platform.LINUX_AMD64,
-        exclude=image_exclude_patterns(sources),
+        exclude=repo_asset_excludes(sources),
         ignore_mode=cdk.IgnoreMode.DOCKER,
         build_args=build_args,
     )

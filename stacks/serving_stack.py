@@ -19,7 +19,10 @@ from stacks.alarm_rules import ROLLBACK_RULES, llm_alarm_rules
 from stacks.alarms import EndpointAlarms
 from stacks.llm_endpoint import LlmEndpoint
 from stacks.network import ModelNetwork
+from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
+from stacks.scaling_plan import plan_scaling
 from stacks.settings import EnvironmentSettings
+from stacks.variant_scaling import VariantScaling
 
 VARIANT_NAME = "AllTraffic"
 
@@ -89,6 +92,43 @@ class ServingStack(cdk.Stack):
             network=self.network,
             rollback_alarms=self.llm_alarms.by_name(ROLLBACK_RULES),
         )
+
+        scaling_targets = {"llm": llm.scaling}
+        scaling_plan = plan_scaling(scaling_targets, calendar_file=settings.release_calendar.file)
+        for warning in scaling_plan.warnings:
+            cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
+                                                    str(warning))
+        self.llm_scaling = VariantScaling(
+            self,
+            "LlmScaling",
+            endpoint=self.llm_endpoint.sagemaker_endpoint,
+            endpoint_name=llm_endpoint_name,
+            variant_name=VARIANT_NAME,
+            settings=llm.scaling,
+            scheduled_actions=scaling_plan.actions["llm"],
+        )
+        resource_ids = {"llm": self.llm_scaling.resource_id}
+
+        self.calendar_reconciler: ReleaseCalendarReconciler | None = None
+        if scaling_plan.calendar_json is not None:
+            calendar = settings.release_calendar
+            hour, minute = (int(part) for part in calendar.daily_run_utc.split(":"))
+            self.calendar_reconciler = ReleaseCalendarReconciler(
+                self,
+                "ReleaseCalendar",
+                environment_name=settings.name,
+                calendar_json=scaling_plan.calendar_json,
+                capacity_models=scaling_plan.calendar_models,
+                scalable_targets={t: resource_ids[t] for t in scaling_plan.calendar_models},
+                horizon_days=calendar.horizon_days,
+                daily_run_utc=(hour, minute),
+                encryption_key=encryption_key,
+                log_retention=getattr(logs.RetentionDays, _RETENTION[calendar.log_retention_days]),
+                alarm_topic=alarm_topic,
+            )
+            # Reconcile only once the scalable targets exist.
+            for scaling in (self.llm_scaling,):
+                self.calendar_reconciler.node.add_dependency(scaling)
 
 
 _RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",

@@ -473,6 +473,26 @@ class LlmEndpointSettings(_Strict):
         return max((adapter.rank for adapter in self.adapters), default=0)
 
 
+class ReleaseCalendarSettings(_Strict):
+    """Where the release calendar is and how its reconciling Lambda runs."""
+
+    file: RepoRelativePath = Field(
+        "config/release_calendar.yaml", description="The calendar, relative to the repo root."
+    )
+    horizon_days: int = Field(14, ge=1, le=90, description="Dated events kept this far ahead.")
+    daily_run_utc: LocalTime = Field(
+        "15:05", description="When the Lambda reconciles every day, UTC (15:05 = 00:05 JST)."
+    )
+    log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+
+    @field_validator("file")
+    @classmethod
+    def _exists(cls, value: str) -> str:
+        if not (REPO_ROOT / value).is_file():
+            raise ValueError("no such file")
+        return value
+
+
 class EnvironmentSettings(_Strict):
     """Everything that differs between environments. Read by every stack, validated once."""
 
@@ -488,6 +508,7 @@ class EnvironmentSettings(_Strict):
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     artifacts: ArtifactBucketSettings = Field(default_factory=ArtifactBucketSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
+    release_calendar: ReleaseCalendarSettings = Field(default_factory=ReleaseCalendarSettings)
     llm: LlmEndpointSettings
 
     @field_validator("region")

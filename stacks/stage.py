@@ -28,7 +28,7 @@ class MangaAssistStage(cdk.Stage):
             encryption_key=self.foundation.kms_key,
             alarm_topic=self.foundation.alarm_topic.sns_topic,
         )
-        self.serving.add_dependency(self.foundation, "the artifact bucket is referenced by name")
+        self.serving.node.add_dependency(self.foundation)  # the artifact bucket, by name
         for key, value in settings.tags.items():
             cdk.Tags.of(self).add(key, value)
 

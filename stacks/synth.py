@@ -11,11 +11,12 @@ from typing import Any, TextIO
 
 import aws_cdk as cdk
 
+from release_calendar import CalendarError
 from stacks.nag import add_nag_checks, summarize_validation_report
 from stacks.settings import CONFIG_DIR, DEFAULT_ENVIRONMENTS, SettingsError, load_environments
 from stacks.stage import MangaAssistStage
 
-CONFIG_ERRORS: tuple[type[Exception], ...] = (SettingsError,)
+CONFIG_ERRORS: tuple[type[Exception], ...] = (SettingsError, CalendarError)
 """Errors that mean "the configuration cannot be deployed": reported in one message, no trace."""
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"

@@ -148,3 +148,91 @@ def test_duplicate_stage_names_are_refused(tmp_path: Path) -> None:
     write(tmp_path, "qa", (CONFIG / "dev.yaml").read_text().replace("name: dev", "name: qa"))
     with pytest.raises(SettingsError, match="stage_name 'Dev' is used by more than one environment"):
         load_environments(["dev", "qa"], config_dir=tmp_path)
+
+
+# --- the LLM endpoint, its scaling and the GPU budget ------------------------------------------
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("llm.instance_type", "ml.g9.huge", "llm.instance_type: 'ml.g9.huge' is not accepted"),
+        ("llm.instance_type", "ml.inf1.xlarge", "is an inferentia instance; the vLLM endpoint needs a GPU instance"),
+        ("llm.max_model_len", 100, "llm.max_model_len: 100 is not accepted: Input should be greater than or equal to 256"),
+        ("llm.model.quantization", "int3", "llm.model.quantization: 'int3' is not accepted: quantization 'int3' is not known"),
+        ("llm.model.config", "config/models/nope.json", "llm.model.config: 'config/models/nope.json' is not accepted: no such file; available: config/models/llama-3-70b-instruct.json"),
+        ("llm.scaling.min_capacity", -1, "llm.scaling.min_capacity: -1 is not accepted: Input should be greater than or equal to 1"),
+        ("llm.scaling.max_capacity", 0, "llm.scaling.max_capacity: 0 is not accepted"),
+        ("llm.scaling.time_zone", "Tokyo/Japan", "llm.scaling.time_zone: 'Tokyo/Japan' is not accepted: is not an IANA time zone"),
+        ("llm.scaling.off_peak.start", "25:00", "llm.scaling.off_peak.start: '25:00' is not accepted"),
+        ("llm.engine.gpu_memory_utilization", 0.99, "llm.engine.gpu_memory_utilization: 0.99 is not accepted: Input should be less than or equal to 0.95"),
+        ("llm.deployment.canary_percent", 80, "llm.deployment.canary_percent: 80 is not accepted"),
+        ("llm.health.container_startup_health_check_timeout_s", 30, "llm.health.container_startup_health_check_timeout_s: 30 is not accepted"),
+        ("llm.routing.product_questions", "manga", "llm.routing: unknown intent(s) product_questions"),
+        ("llm.routing.faq", "nope", "llm: routing.faq: 'nope' is not a configured adapter"),
+        ("network.availability_zone_count", 5, "network.availability_zone_count: 5 is not accepted"),
+    ],
+)
+def test_bad_llm_value_names_the_field(path: str, value: Any, expected: str) -> None:
+    assert expected in error_for(set_path(base(), path, value))
+
+
+def test_scaling_min_above_max() -> None:
+    data = set_path(base(), "llm.scaling.min_capacity", 3)
+    message = error_for(data)
+    assert "llm.scaling: min_capacity 3 is above max_capacity 2" in message
+
+
+def test_floor_outside_the_target_limits() -> None:
+    data = set_path(base(), "llm.scaling.business_hours", {"start": "08:00", "min_capacity": 1,
+                                                           "max_capacity": 9})
+    assert "business_hours: min 1 / max 9 must lie within the target's min_capacity 1 and " \
+           "max_capacity 2" in error_for(data)
+
+
+def test_step_bands_must_be_contiguous() -> None:
+    data = set_path(base(), "llm.scaling.step_scaling.bands", [
+        {"lower": 0, "upper": 100, "add_instances": 1}, {"lower": 150, "add_instances": 2}])
+    assert "bands[0].upper (100.0) must equal bands[1].lower (150.0)" in error_for(data)
+
+
+def test_duplicate_adapter_and_too_many_lora_slots() -> None:
+    adapters = base()["llm"]["adapters"]
+    data = set_path(base(), "llm.adapters", [*adapters, adapters[0]])
+    assert "llm: adapters: name 'manga' is used twice" in error_for(data)
+    assert "max_loras: 9 is more than the 3 configured adapters" in error_for(
+        set_path(base(), "llm.max_loras", 9))
+
+
+def test_lora_rank_must_be_one_vllm_accepts() -> None:
+    adapters = base()["llm"]["adapters"]
+    adapters[0] = {**adapters[0], "rank": 48}
+    message = error_for(set_path(base(), "llm.adapters", adapters))
+    assert "llm.adapters[0].rank: 48 is not accepted: must be one of 1, 8, 16, 32, 64" in message
+
+
+def test_a_model_that_cannot_fit_is_refused_with_the_budget_numbers() -> None:
+    data = set_path(set_path(base(), "llm.model.config", "config/models/llama-3-70b-instruct.json"),
+                    "llm.model.quantization", "bf16")
+    message = error_for(data)
+    assert message.startswith("config/dev.yaml: llm: the GPU memory budget refuses this "
+                              "configuration: ")
+    assert "GiB" in message and "ml.g5.xlarge" in message
+    assert "quantiz" in message.lower()  # the budget names the fixes
+
+
+def test_max_model_len_with_no_room_for_one_sequence_is_refused() -> None:
+    message = error_for(set_path(base(), "llm.max_model_len", 131072))
+    assert "llm: the GPU memory budget refuses this configuration" in message
+    assert "max_model_len" in message
+
+
+def test_overrides_are_checked_by_the_budget_too() -> None:
+    message = error_for(set_path(base(), "llm.engine.max_num_seqs", 4096))
+    assert "llm: the GPU memory budget refuses this configuration" in message
+    assert "max_num_seqs" in message
+
+
+def test_artifact_bucket_name_is_stable_per_environment() -> None:
+    assert load_settings("prod").artifact_bucket_name == (
+        "manga-assist-prod-models-123456789012-ap-northeast-1")
+    assert len(load_settings("prod").artifact_bucket_name) <= 63

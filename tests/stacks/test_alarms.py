@@ -1,0 +1,137 @@
+"""Alarms as synthesized: what each watches, when it fires, whom it tells, and the contract."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import metrics_contract as mc
+from stacks.alarm_rules import calendar_lambda_rules, intent_alarm_rules, llm_alarm_rules
+from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule
+from stacks.settings import EndpointAlarmSettings, load_settings
+
+PREFIX = "manga-assist-prod-llm"
+
+
+@pytest.fixture(scope="module")
+def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return synthesized.template("Prod/Serving")
+
+
+@pytest.fixture(scope="module")
+def alarms(prod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["Properties"]["AlarmName"]: r["Properties"] for r in prod["Resources"].values()
+            if r["Type"] == "AWS::CloudWatch::Alarm" and "AlarmName" in r["Properties"]}
+
+
+def topic_actions(alarm: dict[str, Any]) -> list[str]:
+    return [json.dumps(a) for a in alarm.get("AlarmActions", [])]
+
+
+# name suffix: (namespace, metric, statistic, threshold, period, comparison, missing data)
+EXPECTED = {
+    "invocation-5xx": ("AWS/SageMaker", "Invocation5XXErrors", "Sum", 1, 60,
+                       "GreaterThanOrEqualToThreshold", "notBreaching"),
+    "model-latency-p99": ("AWS/SageMaker", "ModelLatency", "p99", 2_000_000, 60,
+                          "GreaterThanThreshold", "notBreaching"),
+    "oom-circuit-trips": ("MangaAssist/Inference", "OOMCircuitTrips", "Sum", 1, 60,
+                          "GreaterThanOrEqualToThreshold", "notBreaching"),
+    "engine-restarts": ("MangaAssist/Inference", "EngineRestarts", "Sum", 2, 3600,
+                        "GreaterThanOrEqualToThreshold", "notBreaching"),
+    "gpu-memory-utilization": ("/aws/sagemaker/Endpoints", "GPUMemoryUtilization", "Maximum",
+                               98, 60, "GreaterThanOrEqualToThreshold", "missing"),
+    "kv-cache-usage-high": ("MangaAssist/Inference", "KVCacheUsage", "Average", 90, 60,
+                            "GreaterThanOrEqualToThreshold", "missing"),
+    "queue-wait-p99": ("MangaAssist/Inference", "QueueWait", "p99", 150, 60,
+                       "GreaterThanThreshold", "notBreaching"),
+}
+
+
+@pytest.mark.parametrize("suffix", sorted(EXPECTED))
+def test_single_metric_alarm(alarms: dict[str, dict[str, Any]], suffix: str) -> None:
+    namespace, metric, statistic, threshold, period, comparison, missing = EXPECTED[suffix]
+    alarm = alarms[f"{PREFIX}-{suffix}"]
+    assert alarm["Namespace"] == namespace
+    assert alarm["MetricName"] == metric
+    assert alarm.get("Statistic", alarm.get("ExtendedStatistic")) == statistic
+    assert alarm["Threshold"] == threshold
+    assert alarm["Period"] == period
+    assert alarm["ComparisonOperator"] == comparison
+    assert alarm["TreatMissingData"] == missing
+    assert {d["Name"]: d["Value"] for d in alarm["Dimensions"]} == {
+        "EndpointName": PREFIX, "VariantName": "AllTraffic"}
+    assert f"{RUNBOOK_BASE_URL}/" in alarm["AlarmDescription"]
+
+
+def test_fallback_rate_is_a_ratio_of_contract_metrics(alarms: dict[str, dict[str, Any]]) -> None:
+    alarm = alarms[f"{PREFIX}-fallback-rate"]
+    expression = next(m for m in alarm["Metrics"] if "Expression" in m)
+    assert expression["Expression"] == "IF(requests > 0, 100 * fallbacks / requests, 0)"
+    inputs = {m["Id"]: m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"]
+              if "MetricStat" in m}
+    assert inputs == {"fallbacks": "Fallbacks", "requests": "Requests"}
+    assert alarm["Threshold"] == 5
+
+
+def test_capacity_pinned_at_max_for_15_minutes(alarms: dict[str, dict[str, Any]]) -> None:
+    alarm = alarms[f"{PREFIX}-capacity-pinned-at-max"]
+    assert alarm["EvaluationPeriods"] == 15 and alarm["DatapointsToAlarm"] == 15
+    assert alarm["Threshold"] == 20 - 0.5  # prod max_capacity 20
+    inputs = {m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"]
+              if "MetricStat" in m}
+    assert inputs == {"Invocations", "InvocationsPerInstance"}
+
+
+def test_warnings_notify_the_topic_and_pages_go_through_the_composite(
+    prod: dict[str, Any], alarms: dict[str, dict[str, Any]]
+) -> None:
+    rules = {r.name: r for r in llm_alarm_rules(EndpointAlarmSettings(), gpu_count=1,
+                                                  max_capacity=20)}
+    for name, rule in rules.items():
+        actions = topic_actions(alarms[f"{PREFIX}-{name}"])
+        if rule.severity == "warn":
+            assert actions and all("AlarmTopicArn" in a or "Topic" in a for a in actions), name
+        else:
+            assert actions == [], f"{name} pages through the composite, not directly"
+    (composite,) = [r["Properties"] for r in prod["Resources"].values()
+                    if r["Type"] == "AWS::CloudWatch::CompositeAlarm"]
+    assert composite["AlarmName"] == f"{PREFIX}-page"
+    rule_text = json.dumps(composite["AlarmRule"])
+    logical_ids = {r["Properties"]["AlarmName"]: k for k, r in prod["Resources"].items()
+                   if r["Type"] == "AWS::CloudWatch::Alarm" and "AlarmName" in r["Properties"]}
+    for name, rule in rules.items():
+        in_composite = logical_ids[f"{PREFIX}-{name}"] in rule_text
+        assert in_composite == (rule.severity == "page"), name
+    assert composite["AlarmActions"]
+    assert rule_text.count("ALARM(") == sum(r.severity == "page" for r in rules.values())
+
+
+def all_rules() -> list[AlarmRule]:
+    settings = load_settings("prod").llm
+    return [
+        *llm_alarm_rules(settings.alarms, gpu_count=1, max_capacity=20),
+        *intent_alarm_rules(settings.alarms, max_capacity=8),
+        *calendar_lambda_rules(),
+    ]
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.name)
+def test_every_rule_watches_a_contract_metric(rule: AlarmRule) -> None:
+    for spec in rule.watched_metrics:
+        assert mc.metric(spec.name, spec.namespace) is spec
+
+
+def test_custom_metrics_watched_are_emitted_by_our_code() -> None:
+    watched = {spec for rule in all_rules() for spec in rule.watched_metrics if spec.is_custom}
+    assert watched, "some alarms must watch the gateway's own metrics"
+    assert all(spec.emitter in (mc.Emitter.GATEWAY, mc.Emitter.CLASSIFIER,
+                                mc.Emitter.CALENDAR_LAMBDA) for spec in watched)
+
+
+def test_a_rule_must_name_a_metric_or_an_expression() -> None:
+    with pytest.raises(ValueError, match="set either metric or expression"):
+        AlarmRule(name="x", threshold=1, comparison=None, period_s=60,  # type: ignore[arg-type]
+                  evaluation_periods=1, datapoints_to_alarm=1, missing_data=None,  # type: ignore[arg-type]
+                  severity="warn", meaning="m", runbook="r.md")

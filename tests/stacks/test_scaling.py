@@ -1,0 +1,231 @@
+"""Autoscaling as synthesized: target tracking, step scaling, floors, release calendar, Lambda."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from release_calendar import build_static_schedule, parse_schedule
+from stacks.settings import REPO_ROOT, load_settings
+
+RESOURCE_ID = {"Dev": "endpoint/manga-assist-dev-llm/variant/AllTraffic",
+               "Prod": "endpoint/manga-assist-prod-llm/variant/AllTraffic"}
+
+
+def by_type(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
+    return [r for r in template["Resources"].values() if r["Type"] == resource_type]
+
+
+@pytest.fixture(scope="module")
+def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return synthesized.template("Prod/Serving")
+
+
+@pytest.fixture(scope="module")
+def dev(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return synthesized.template("Dev/Serving")
+
+
+def scalable_target(template: dict[str, Any]) -> dict[str, Any]:
+    (target,) = by_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+    return target
+
+
+@pytest.mark.parametrize("stage", ["Dev", "Prod"])
+def test_scalable_target_is_the_llm_variant(synthesized, stage: str) -> None:  # type: ignore[no-untyped-def]
+    settings = load_settings(stage.lower()).llm.scaling
+    target = scalable_target(synthesized.template(f"{stage}/Serving"))
+    props = target["Properties"]
+    assert props["ResourceId"] == RESOURCE_ID[stage]
+    assert props["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
+    assert props["ServiceNamespace"] == "sagemaker"
+    assert (props["MinCapacity"], props["MaxCapacity"]) == (
+        settings.min_capacity, settings.max_capacity)
+    template = synthesized.template(f"{stage}/Serving")
+    (endpoint_id,) = [k for k, r in template["Resources"].items()
+                      if r["Type"] == "AWS::SageMaker::Endpoint"]
+    assert endpoint_id in target["DependsOn"], "the endpoint must exist before its variant is "\
+        "registered"
+
+
+def test_target_tracking_on_invocations_per_instance(prod: dict[str, Any]) -> None:
+    Template.from_json(prod).has_resource_properties("AWS::ApplicationAutoScaling::ScalingPolicy", {
+        "PolicyType": "TargetTrackingScaling",
+        "TargetTrackingScalingPolicyConfiguration": {
+            "PredefinedMetricSpecification": {
+                "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+            "TargetValue": 200,
+            "ScaleOutCooldown": 60,
+            "ScaleInCooldown": 600,
+        },
+    })
+
+
+def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
+    (policy,) = [p["Properties"] for p in by_type(prod, "AWS::ApplicationAutoScaling::ScalingPolicy")
+                 if p["Properties"]["PolicyType"] == "StepScaling"]
+    config = policy["StepScalingPolicyConfiguration"]
+    assert config["AdjustmentType"] == "ChangeInCapacity"
+    assert config["Cooldown"] == 60
+    steps = sorted((s["MetricIntervalLowerBound"], s.get("MetricIntervalUpperBound"),
+                    s["ScalingAdjustment"]) for s in config["StepAdjustments"])
+    # Bounds are relative to the alarm threshold (200/min/instance): 200-400 +2, 400-800 +4, 800+ +8.
+    assert steps == [(0, 200, 2), (200, 600, 4), (600, None, 8)]
+
+
+def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any]) -> None:
+    alarms = [a["Properties"] for a in by_type(prod, "AWS::CloudWatch::Alarm")
+              if a["Properties"].get("MetricName") == "InvocationsPerInstance"]
+    (alarm,) = alarms
+    assert alarm["Namespace"] == "AWS/SageMaker"
+    assert alarm["Period"] == 60 and alarm["EvaluationPeriods"] == 1
+    assert alarm["Statistic"] == "Sum"
+    assert alarm["Threshold"] == 200
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert sorted(d["Name"] for d in alarm["Dimensions"]) == ["EndpointName", "VariantName"]
+
+
+def scheduled(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    actions = scalable_target(template)["Properties"]["ScheduledActions"]
+    return {a["ScheduledActionName"]: a for a in actions}
+
+
+def test_daily_floors_in_tokyo_time_with_minutes(prod: dict[str, Any]) -> None:
+    actions = scheduled(prod)
+    off_peak, business = actions["floor-off-peak"], actions["floor-business-hours"]
+    assert off_peak["Schedule"] == "cron(0 1 * * ? *)"
+    assert off_peak["ScalableTargetAction"] == {"MinCapacity": 2, "MaxCapacity": 6}
+    assert business["Schedule"] == "cron(0 8 * * ? *)"
+    assert business["ScalableTargetAction"] == {"MinCapacity": 4, "MaxCapacity": 20}
+    for action in actions.values():
+        assert action["Timezone"] == "Asia/Tokyo"
+        minute = action["Schedule"].removeprefix("cron(").split()[0]
+        assert minute.isdigit(), f"{action['ScheduledActionName']}: minute must be set"
+
+
+def test_every_calendar_prescale_has_its_restore(prod: dict[str, Any]) -> None:
+    names = set(scheduled(prod))
+    prescales = {n.removesuffix("-prescale") for n in names if n.endswith("-prescale")}
+    restores = {n.removesuffix("-restore") for n in names if n.endswith("-restore")}
+    assert prescales, "the prod calendar should add pre-scales"
+    assert prescales == restores
+
+
+def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
+    prod: dict[str, Any],
+) -> None:
+    actions = scheduled(prod)
+    jump = actions["calendar-weekly-shonen-jump-prescale"]
+    assert jump["Schedule"] == "cron(0 16 ? * MON *)"  # 18:00 release − 2 h lead
+    # ceil(1000/min × 2.0 ÷ 200/min × 1.3) = 13 instances, max stays at the target's 20.
+    assert jump["ScalableTargetAction"] == {"MinCapacity": 13, "MaxCapacity": 20}
+    friday = actions["calendar-weekly-friday-release-window-prescale"]
+    assert friday["Schedule"] == "cron(0 16 ? * FRI *)"
+    assert actions["calendar-weekly-friday-release-window-restore"]["Schedule"] == (
+        "cron(0 22 ? * FRI *)")
+
+
+def test_synthesized_actions_are_exactly_the_calendar_expansion(prod: dict[str, Any]) -> None:
+    scaling = load_settings("prod").llm.scaling
+    text = (REPO_ROOT / "config" / "release_calendar.yaml").read_text()
+    plan = build_static_schedule(text, {"llm": scaling.capacity_model()})
+    expected = {a.name: (a.schedule, a.min_capacity, a.max_capacity) for a in plan.for_target("llm")}
+    got = {n: (a["Schedule"], a["ScalableTargetAction"]["MinCapacity"],
+               a["ScalableTargetAction"]["MaxCapacity"]) for n, a in scheduled(prod).items()}
+    assert got == expected
+    for schedule, _, _ in got.values():
+        parse_schedule(schedule)  # valid Application Auto Scaling expressions
+    assert len(got) <= 200
+
+
+def test_dev_has_floors_only_and_no_calendar_lambda(dev: dict[str, Any]) -> None:
+    assert set(scheduled(dev)) == {"floor-off-peak", "floor-business-hours"}
+    assert not by_type(dev, "AWS::Lambda::Function") or all(
+        "ReleaseCalendar" not in json.dumps(f) for f in by_type(dev, "AWS::Lambda::Function"))
+    assert not by_type(dev, "AWS::SSM::Parameter")
+
+
+def calendar_function(template: dict[str, Any]) -> dict[str, Any]:
+    (function,) = [f for f in by_type(template, "AWS::Lambda::Function")
+                   if f["Properties"].get("Handler") == "lambdas/release_calendar/handler.handler"]
+    return function["Properties"]
+
+
+def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
+    function = calendar_function(prod)
+    env = function["Environment"]["Variables"]
+    assert env["SCALABLE_TARGET_LLM"] == RESOURCE_ID["Prod"]
+    assert env["HORIZON_DAYS"] == "14" and env["ENVIRONMENT"] == "prod"
+    assert env["DRY_RUN"] == "false"
+    models = json.loads(env["CALENDAR_CAPACITY_MODELS"])
+    assert models["llm"]["base_invocations_per_min"] == 1000
+    assert models["llm"]["business_hours"]["start"] == "08:00"
+    assert function["Runtime"].startswith("python3.")
+    assert function["ReservedConcurrentExecutions"] == 1
+    # The calendar travels as JSON in an SSM parameter the function reads.
+    (parameter,) = by_type(prod, "AWS::SSM::Parameter")
+    calendar = json.loads(parameter["Properties"]["Value"])
+    assert {e["id"] for e in calendar["dated"]} == {"one-piece-ch1100"}
+
+
+def test_calendar_lambda_runs_daily_and_after_each_deploy(prod: dict[str, Any]) -> None:
+    rules = [r["Properties"] for r in by_type(prod, "AWS::Events::Rule")]
+    schedules = [r["ScheduleExpression"] for r in rules if "ScheduleExpression" in r]
+    assert schedules == ["cron(5 15 * * ? *)"]  # 00:05 JST
+    (deploy,) = [r["EventPattern"] for r in rules if "EventPattern" in r]
+    assert deploy["source"] == ["aws.cloudformation"]
+    assert deploy["detail-type"] == ["CloudFormation Stack Status Change"]
+    assert deploy["detail"]["stack-id"] == [{"Ref": "AWS::StackId"}]
+
+
+def test_calendar_lambda_role_is_scoped(prod: dict[str, Any]) -> None:
+    policies = [p["Properties"]["PolicyDocument"]["Statement"]
+                for p in by_type(prod, "AWS::IAM::Policy")
+                if any("ReleaseCalendarRole" in r["Ref"] for r in p["Properties"]["Roles"])]
+    (statements,) = policies
+    actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str)
+                                               else s["Action"])}
+    assert {"application-autoscaling:PutScheduledAction",
+            "application-autoscaling:DeleteScheduledAction", "ssm:GetParameter"} <= actions
+    assert not [a for a in actions if a.endswith(":*")]
+    assert not [a for a in actions if a.startswith(("sagemaker:", "iam:", "s3:"))]
+
+
+def test_calendar_lambda_alarms(prod: dict[str, Any]) -> None:
+    template = Template.from_json(prod)
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "AlarmName": "manga-assist-prod-release-calendar-errors",
+        "Namespace": "AWS/Lambda", "MetricName": "Errors",
+        "Dimensions": [{"Name": "FunctionName", "Value": Match.any_value()}],
+        "AlarmActions": Match.any_value(),
+    })
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "AlarmName": "manga-assist-prod-release-calendar-entries-skipped",
+        "Namespace": "MangaAssist/Inference", "MetricName": "CalendarEntriesSkipped",
+        "Dimensions": [{"Name": "Environment", "Value": "prod"}],
+    })
+
+
+def test_lambda_asset_holds_only_the_handler_and_shared_modules(synthesized) -> None:  # type: ignore[no-untyped-def]
+    assembly = synthesized.outdir / "assembly-Prod"
+    assets = json.loads(next(assembly.glob("ProdServing*.assets.json")).read_text())
+    zips = [a["source"]["path"] for a in assets["files"].values()
+            if a["source"].get("packaging") == "zip"]
+    staged = [assembly / path for path in zips if (assembly / path / "lambdas").is_dir()]
+    (root,) = staged
+    assert sorted(p.name for p in root.iterdir()) == ["lambdas", "metrics_contract",
+                                                       "release_calendar"]
+    assert (root / "lambdas" / "release_calendar" / "handler.py").is_file()
+
+
+@pytest.mark.parametrize("rule", ["Daily", "AfterDeploy"])
+def test_rules_target_the_function_with_retries(prod: dict[str, Any], rule: str) -> None:
+    rules = {k: r["Properties"] for k, r in prod["Resources"].items()
+             if r["Type"] == "AWS::Events::Rule"}
+    (props,) = [p for k, p in rules.items() if re.search(f"ReleaseCalendar{rule}", k)]
+    (target,) = props["Targets"]
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 2
