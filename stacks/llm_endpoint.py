@@ -13,12 +13,11 @@ import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from gpu_budget import MemoryPlan, instance_type
+from gpu_budget import MemoryPlan
 from stacks.container_image import repo_image_asset
-from stacks.model_role import ModelExecutionRole
+from stacks.model_endpoint import ModelData, add_model_endpoint
 from stacks.network import ModelNetwork
 from stacks.settings import LlmEndpointSettings
 
@@ -73,11 +72,10 @@ def container_environment(
 class LlmEndpoint(Construct):
     """A SageMaker real-time endpoint serving the base model and its LoRA adapters.
 
-    Opinionated defaults: network isolation in isolated subnets; a role that reads only this
-    model's prefix and pulls only this image; the CUDA 13 inference AMI; least-outstanding-
-    requests routing; blue/green updates with a canary and automatic rollback on
-    ``rollback_alarms``; the endpoint-config name left to CloudFormation so any change can
-    replace it; the endpoint name stable per environment.
+    The image is built from ``containers/llm``; the model data is the uncompressed S3 prefix
+    ``<artifact_prefix>/`` (weights, tokenizer, ``adapters/<name>/``); the engine settings are
+    the GPU budget's plan; everything else is :func:`add_model_endpoint`'s secure defaults plus
+    the CUDA 13 inference AMI.
     """
 
     def __init__(
@@ -98,113 +96,35 @@ class LlmEndpoint(Construct):
         self.endpoint_name = endpoint_name
         self.variant_name = variant_name
         self.memory_plan = settings.memory_plan()
-        catalog_entry = instance_type(settings.instance_type)
 
         self.ecr_image = repo_image_asset(
             self, "Image", dockerfile="containers/llm/Dockerfile", sources=LLM_IMAGE_SOURCES
         )
         model_prefix = settings.model.artifact_prefix
-        self.execution_role = ModelExecutionRole(
+        resources = add_model_endpoint(
             self,
-            "ExecutionRole",
             endpoint_name=endpoint_name,
-            artifact_bucket=artifact_bucket,
-            artifact_prefix=model_prefix,
+            variant_name=variant_name,
             image=self.ecr_image,
+            model_data=ModelData(
+                bucket=artifact_bucket, key=f"{model_prefix}/", read_prefix=model_prefix
+            ),
+            environment=container_environment(
+                settings, self.memory_plan, endpoint_name=endpoint_name, variant_name=variant_name
+            ),
+            instance_type=settings.instance_type,
+            initial_instance_count=initial_instance_count,
+            inference_ami_version=CUDA13_INFERENCE_AMI,
+            health=settings.health,
+            deployment=settings.deployment,
+            encryption_key=encryption_key,
             network=network,
+            rollback_alarms=rollback_alarms,
         )
-
-        environment = container_environment(
-            settings, self.memory_plan, endpoint_name=endpoint_name, variant_name=variant_name
-        )
-        self.sagemaker_model = sagemaker.CfnModel(
-            self,
-            "Model",
-            execution_role_arn=self.execution_role.iam_role.role_arn,
-            enable_network_isolation=True,
-            vpc_config=sagemaker.CfnModel.VpcConfigProperty(
-                security_group_ids=[network.ec2_security_group.security_group_id],
-                subnets=network.subnet_ids,
-            ),
-            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=self.ecr_image.image_uri,
-                mode="SingleModel",
-                model_data_source=sagemaker.CfnModel.ModelDataSourceProperty(
-                    s3_data_source=sagemaker.CfnModel.S3DataSourceProperty(
-                        s3_uri=f"s3://{artifact_bucket.bucket_name}/{model_prefix}/",
-                        s3_data_type="S3Prefix",
-                        compression_type="None",
-                    )
-                ),
-                environment=environment,
-            ),
-        )
-        # The role's policy must exist before SageMaker validates the model against it.
-        self.sagemaker_model.node.add_dependency(self.execution_role)
-
-        self.sagemaker_endpoint_config = sagemaker.CfnEndpointConfig(
-            self,
-            "EndpointConfig",
-            # Instance types with local NVMe storage (g5 among them) encrypt it in hardware and
-            # reject a KmsKeyId: CreateEndpointConfig fails if one is given.
-            kms_key_id=None if catalog_entry.local_instance_storage else encryption_key.key_arn,
-            production_variants=[
-                sagemaker.CfnEndpointConfig.ProductionVariantProperty(
-                    variant_name=variant_name,
-                    model_name=self.sagemaker_model.attr_model_name,
-                    instance_type=settings.instance_type,
-                    initial_instance_count=initial_instance_count,
-                    initial_variant_weight=1.0,
-                    inference_ami_version=CUDA13_INFERENCE_AMI,
-                    container_startup_health_check_timeout_in_seconds=(
-                        settings.health.container_startup_health_check_timeout_s
-                    ),
-                    model_data_download_timeout_in_seconds=(
-                        settings.health.model_data_download_timeout_s
-                    ),
-                    routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
-                        routing_strategy="LEAST_OUTSTANDING_REQUESTS"
-                    ),
-                )
-            ],
-        )
-
-        deployment = settings.deployment
-        self.sagemaker_endpoint = sagemaker.CfnEndpoint(
-            self,
-            "Endpoint",
-            endpoint_name=endpoint_name,
-            endpoint_config_name=self.sagemaker_endpoint_config.attr_endpoint_config_name,
-            # Keep the instance count autoscaling chose across updates (the endpoint config's
-            # initial count would otherwise reset it mid-day).
-            retain_all_variant_properties=True,
-            exclude_retained_variant_properties=[
-                sagemaker.CfnEndpoint.VariantPropertyProperty(
-                    variant_property_type="DataCaptureConfig"
-                )
-            ],
-            deployment_config=sagemaker.CfnEndpoint.DeploymentConfigProperty(
-                blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
-                    traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
-                        type="CANARY",
-                        canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(
-                            type="CAPACITY_PERCENT", value=deployment.canary_percent
-                        ),
-                        wait_interval_in_seconds=deployment.canary_bake_s,
-                    ),
-                    termination_wait_in_seconds=deployment.termination_wait_s,
-                    maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s,
-                ),
-                auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
-                    alarms=[
-                        sagemaker.CfnEndpoint.AlarmProperty(alarm_name=alarm.alarm_name)
-                        for alarm in rollback_alarms
-                    ]
-                ),
-            ),
-        )
-        for alarm in rollback_alarms:
-            self.sagemaker_endpoint.node.add_dependency(alarm)
+        self.execution_role = resources.execution_role
+        self.sagemaker_model = resources.sagemaker_model
+        self.sagemaker_endpoint_config = resources.sagemaker_endpoint_config
+        self.sagemaker_endpoint = resources.sagemaker_endpoint
 
         adapters = ", ".join(a.name for a in settings.adapters) or "none"
         cdk.CfnOutput(self, "EndpointName", value=endpoint_name,

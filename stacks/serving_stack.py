@@ -1,4 +1,4 @@
-"""Serving stack: the models' network, the LLM endpoint, its scaling and its alarms.
+"""Serving stack: the models' network, both endpoints, their scaling, alarms and calendar.
 
 It only wires constructs together; each construct's module says what it builds and why.
 """
@@ -15,8 +15,14 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from gpu_budget import instance_type
-from stacks.alarm_rules import ROLLBACK_RULES, llm_alarm_rules
+from stacks.alarm_rules import (
+    INTENT_ROLLBACK_RULES,
+    ROLLBACK_RULES,
+    intent_alarm_rules,
+    llm_alarm_rules,
+)
 from stacks.alarms import EndpointAlarms
+from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
 from stacks.network import ModelNetwork
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
@@ -93,7 +99,30 @@ class ServingStack(cdk.Stack):
             rollback_alarms=self.llm_alarms.by_name(ROLLBACK_RULES),
         )
 
-        scaling_targets = {"llm": llm.scaling}
+        intent = settings.intent
+        intent_endpoint_name = f"{settings.resource_prefix}-intent"
+        self.intent_alarms = EndpointAlarms(
+            self,
+            "IntentAlarms",
+            endpoint_name=intent_endpoint_name,
+            variant_name=VARIANT_NAME,
+            rules=intent_alarm_rules(intent.alarms, max_capacity=intent.scaling.max_capacity),
+            alarm_topic=alarm_topic,
+        )
+        self.intent_endpoint = IntentEndpoint(
+            self,
+            "IntentEndpoint",
+            settings=intent,
+            endpoint_name=intent_endpoint_name,
+            variant_name=VARIANT_NAME,
+            initial_instance_count=intent.scaling.min_capacity,
+            artifact_bucket=artifact_bucket,
+            encryption_key=encryption_key,
+            network=self.network,
+            rollback_alarms=self.intent_alarms.by_name(INTENT_ROLLBACK_RULES),
+        )
+
+        scaling_targets = {"llm": llm.scaling, "intent": intent.scaling}
         scaling_plan = plan_scaling(scaling_targets, calendar_file=settings.release_calendar.file)
         for warning in scaling_plan.warnings:
             cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
@@ -107,7 +136,19 @@ class ServingStack(cdk.Stack):
             settings=llm.scaling,
             scheduled_actions=scaling_plan.actions["llm"],
         )
-        resource_ids = {"llm": self.llm_scaling.resource_id}
+        self.intent_scaling = VariantScaling(
+            self,
+            "IntentScaling",
+            endpoint=self.intent_endpoint.sagemaker_endpoint,
+            endpoint_name=intent_endpoint_name,
+            variant_name=VARIANT_NAME,
+            settings=intent.scaling,
+            scheduled_actions=scaling_plan.actions["intent"],
+        )
+        resource_ids = {
+            "llm": self.llm_scaling.resource_id,
+            "intent": self.intent_scaling.resource_id,
+        }
 
         self.calendar_reconciler: ReleaseCalendarReconciler | None = None
         if scaling_plan.calendar_json is not None:
@@ -127,7 +168,7 @@ class ServingStack(cdk.Stack):
                 alarm_topic=alarm_topic,
             )
             # Reconcile only once the scalable targets exist.
-            for scaling in (self.llm_scaling,):
+            for scaling in (self.llm_scaling, self.intent_scaling):
                 self.calendar_reconciler.node.add_dependency(scaling)
 
 

@@ -473,6 +473,53 @@ class LlmEndpointSettings(_Strict):
         return max((adapter.rank for adapter in self.adapters), default=0)
 
 
+ArchiveKey = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*\.tar\.gz$")
+]
+
+
+class IntentEndpointSettings(_Strict):
+    """The DistilBERT intent classifier on Inferentia (inf1 by default, inf2 supported)."""
+
+    target: Literal["inf1", "inf2"] = Field(
+        "inf1", description="Neuron target the model was compiled for; picks the image's base."
+    )
+    instance_type: str = Field(
+        "ml.inf1.xlarge", description="An Inferentia instance of that target."
+    )
+    artifact_key: ArchiveKey = Field(
+        description="Key of the compiled model.tar.gz (neuron/compile.py) in the artifact bucket."
+    )
+    model_copies: int | None = Field(
+        None, ge=1, le=64, description="Model copies over the NeuronCores (default: one per core)."
+    )
+    health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    deployment: CanaryDeploymentSettings = Field(default_factory=CanaryDeploymentSettings)
+    scaling: ScalingSettings
+    alarms: EndpointAlarmSettings = Field(
+        default_factory=lambda: EndpointAlarmSettings(latency_p99_sla_ms=100)
+    )
+
+    @model_validator(mode="after")
+    def _instance_matches_target(self) -> IntentEndpointSettings:
+        from gpu_budget import instance_type
+
+        entry = instance_type(self.instance_type)
+        if entry.family != f"ml.{self.target}":
+            raise ValueError(
+                f"instance_type {self.instance_type!r} does not run {self.target} models; "
+                f"accepted: ml.{self.target}.* instances"
+            )
+        if self.model_copies is not None and entry.neuron_cores is not None and (
+            self.model_copies > entry.neuron_cores
+        ):
+            raise ValueError(
+                f"model_copies {self.model_copies} exceeds the {entry.neuron_cores} NeuronCores "
+                f"of {self.instance_type}"
+            )
+        return self
+
+
 class ReleaseCalendarSettings(_Strict):
     """Where the release calendar is and how its reconciling Lambda runs."""
 
@@ -510,6 +557,7 @@ class EnvironmentSettings(_Strict):
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     release_calendar: ReleaseCalendarSettings = Field(default_factory=ReleaseCalendarSettings)
     llm: LlmEndpointSettings
+    intent: IntentEndpointSettings
 
     @field_validator("region")
     @classmethod

@@ -1,0 +1,113 @@
+"""The intent classifier endpoint: DistilBERT compiled for Inferentia, behind our own server.
+
+The model artifact is the ``model.tar.gz`` that ``neuron/compile.py --target inf1|inf2`` packages
+(TorchScript per batch size, tokenizer, labels, manifest); the image is built from
+``containers/intent`` on the Neuron inference image matching the target (build argument
+``TARGET``). The server refuses an artifact compiled for another target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.container_image import repo_image_asset
+from stacks.model_endpoint import ModelData, add_model_endpoint
+from stacks.network import ModelNetwork
+from stacks.settings import IntentEndpointSettings
+
+INTENT_IMAGE_SOURCES: tuple[str, ...] = (
+    "containers/intent",
+    "intents",
+    "metrics_contract",
+    "neuron/__init__.py",
+    "neuron/targets.py",
+    "neuron/manifest.py",
+    "neuron/latency.py",
+    "neuron/parity.py",
+    "neuron/samples.py",
+    "neuron/tokenization.py",
+    "neuron/runtime.py",
+    "neuron/model_archive.py",
+)
+"""The intent image's build context (the `!` lines of containers/intent/Dockerfile.dockerignore)."""
+
+
+def intent_environment(
+    settings: IntentEndpointSettings, *, endpoint_name: str, variant_name: str
+) -> dict[str, str]:
+    """The classifier server's environment (``INTENT_*``; see intent_server/settings.py)."""
+    env = {
+        "INTENT_MODEL_DIR": "/opt/ml/model",
+        "INTENT_TARGET": settings.target,
+        "INTENT_METRICS_ENDPOINT_NAME": endpoint_name,
+        "INTENT_METRICS_VARIANT_NAME": variant_name,
+    }
+    if settings.model_copies is not None:
+        env["INTENT_MODEL_COPIES"] = str(settings.model_copies)
+    return env
+
+
+class IntentEndpoint(Construct):
+    """A SageMaker endpoint on ml.inf1 (or ml.inf2) serving the compiled intent classifier."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        settings: IntentEndpointSettings,
+        endpoint_name: str,
+        initial_instance_count: int,
+        artifact_bucket: s3.IBucket,
+        encryption_key: kms.IKey,
+        network: ModelNetwork,
+        rollback_alarms: Sequence[cloudwatch.IAlarm],
+        variant_name: str = "AllTraffic",
+    ) -> None:
+        super().__init__(scope, id_)
+        self.endpoint_name = endpoint_name
+        self.variant_name = variant_name
+        self.ecr_image = repo_image_asset(
+            self,
+            "Image",
+            dockerfile="containers/intent/Dockerfile",
+            sources=INTENT_IMAGE_SOURCES,
+            build_args={"TARGET": settings.target},
+        )
+        archive_folder = settings.artifact_key.rsplit("/", 1)[0]
+        resources = add_model_endpoint(
+            self,
+            endpoint_name=endpoint_name,
+            variant_name=variant_name,
+            image=self.ecr_image,
+            model_data=ModelData(
+                bucket=artifact_bucket, key=settings.artifact_key, read_prefix=archive_folder
+            ),
+            environment=intent_environment(
+                settings, endpoint_name=endpoint_name, variant_name=variant_name
+            ),
+            instance_type=settings.instance_type,
+            initial_instance_count=initial_instance_count,
+            inference_ami_version=None,
+            health=settings.health,
+            deployment=settings.deployment,
+            encryption_key=encryption_key,
+            network=network,
+            rollback_alarms=rollback_alarms,
+        )
+        self.execution_role = resources.execution_role
+        self.sagemaker_model = resources.sagemaker_model
+        self.sagemaker_endpoint_config = resources.sagemaker_endpoint_config
+        self.sagemaker_endpoint = resources.sagemaker_endpoint
+        cdk.CfnOutput(self, "EndpointName", value=endpoint_name,
+                      description="Intent classifier endpoint (intent + confidence + scores)",
+                      export_name=f"{cdk.Stack.of(self).stack_name}-IntentEndpointName")
+        cdk.CfnOutput(self, "ModelDataUri", value=f"s3://{artifact_bucket.bucket_name}/"
+                      f"{settings.artifact_key}",
+                      description="Upload neuron/compile.py's model.tar.gz here")

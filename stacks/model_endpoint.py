@@ -1,0 +1,176 @@
+"""A SageMaker model, endpoint config and endpoint with this platform's secure defaults.
+
+Both endpoints (the vLLM one and the intent classifier) are built by :func:`add_model_endpoint`:
+network isolation in the isolated subnets; an execution role that reads only the endpoint's
+artifacts, pulls only its image and writes only its log group; least-outstanding-requests
+routing; blue/green updates with a canary and automatic rollback on alarms; endpoint-config names
+left to CloudFormation so that any change can replace the config; the endpoint name stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct
+
+from gpu_budget import instance_type as catalog_instance
+from stacks.model_role import ModelExecutionRole
+from stacks.network import ModelNetwork
+from stacks.settings import CanaryDeploymentSettings, HealthCheckSettings
+
+
+@dataclass(frozen=True)
+class ModelData:
+    """Where the model artifacts are: an S3 prefix (ending in ``/``) or a ``model.tar.gz``.
+
+    ``read_prefix`` is the key prefix the execution role may read.
+    """
+
+    bucket: s3.IBucket
+    key: str
+    read_prefix: str
+
+    @property
+    def is_prefix(self) -> bool:
+        """True for an uncompressed prefix (faster to load than an archive for large weights)."""
+        return self.key.endswith("/")
+
+    @property
+    def uri(self) -> str:
+        """``s3://bucket/key``."""
+        return f"s3://{self.bucket.bucket_name}/{self.key}"
+
+
+@dataclass(frozen=True)
+class EndpointResources:
+    """What :func:`add_model_endpoint` created."""
+
+    execution_role: ModelExecutionRole
+    sagemaker_model: sagemaker.CfnModel
+    sagemaker_endpoint_config: sagemaker.CfnEndpointConfig
+    sagemaker_endpoint: sagemaker.CfnEndpoint
+
+
+def add_model_endpoint(
+    scope: Construct,
+    *,
+    endpoint_name: str,
+    variant_name: str,
+    image: ecr_assets.DockerImageAsset,
+    model_data: ModelData,
+    environment: Mapping[str, str],
+    instance_type: str,
+    initial_instance_count: int,
+    inference_ami_version: str | None,
+    health: HealthCheckSettings,
+    deployment: CanaryDeploymentSettings,
+    encryption_key: kms.IKey,
+    network: ModelNetwork,
+    rollback_alarms: Sequence[cloudwatch.IAlarm],
+) -> EndpointResources:
+    """Create the role, model, endpoint config and endpoint inside ``scope``."""
+    execution_role = ModelExecutionRole(
+        scope,
+        "ExecutionRole",
+        endpoint_name=endpoint_name,
+        artifact_bucket=model_data.bucket,
+        artifact_prefix=model_data.read_prefix,
+        image=image,
+        network=network,
+    )
+    data_source = (
+        sagemaker.CfnModel.ModelDataSourceProperty(
+            s3_data_source=sagemaker.CfnModel.S3DataSourceProperty(
+                s3_uri=model_data.uri, s3_data_type="S3Prefix", compression_type="None"
+            )
+        )
+        if model_data.is_prefix
+        else None
+    )
+    model = sagemaker.CfnModel(
+        scope,
+        "Model",
+        execution_role_arn=execution_role.iam_role.role_arn,
+        enable_network_isolation=True,
+        vpc_config=sagemaker.CfnModel.VpcConfigProperty(
+            security_group_ids=[network.ec2_security_group.security_group_id],
+            subnets=network.subnet_ids,
+        ),
+        primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+            image=image.image_uri,
+            mode="SingleModel",
+            environment=dict(environment),
+            model_data_source=data_source,
+            model_data_url=None if model_data.is_prefix else model_data.uri,
+        ),
+    )
+    # The role's policy must exist before SageMaker validates the model against it.
+    model.node.add_dependency(execution_role)
+
+    endpoint_config = sagemaker.CfnEndpointConfig(
+        scope,
+        "EndpointConfig",
+        # Instance types with local NVMe storage (g5 among them) encrypt it in hardware and
+        # reject a KmsKeyId: CreateEndpointConfig fails if one is given.
+        kms_key_id=None
+        if catalog_instance(instance_type).local_instance_storage
+        else encryption_key.key_arn,
+        production_variants=[
+            sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                variant_name=variant_name,
+                model_name=model.attr_model_name,
+                instance_type=instance_type,
+                initial_instance_count=initial_instance_count,
+                initial_variant_weight=1.0,
+                inference_ami_version=inference_ami_version,
+                container_startup_health_check_timeout_in_seconds=(
+                    health.container_startup_health_check_timeout_s
+                ),
+                model_data_download_timeout_in_seconds=health.model_data_download_timeout_s,
+                routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
+                    routing_strategy="LEAST_OUTSTANDING_REQUESTS"
+                ),
+            )
+        ],
+    )
+
+    endpoint = sagemaker.CfnEndpoint(
+        scope,
+        "Endpoint",
+        endpoint_name=endpoint_name,
+        endpoint_config_name=endpoint_config.attr_endpoint_config_name,
+        # Keep the instance count autoscaling chose across updates (the endpoint config's
+        # initial count would otherwise reset it mid-day). Sent with UpdateEndpoint.
+        retain_all_variant_properties=True,
+        exclude_retained_variant_properties=[
+            sagemaker.CfnEndpoint.VariantPropertyProperty(variant_property_type="DataCaptureConfig")
+        ],
+        deployment_config=sagemaker.CfnEndpoint.DeploymentConfigProperty(
+            blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+                traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+                    type="CANARY",
+                    canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(
+                        type="CAPACITY_PERCENT", value=deployment.canary_percent
+                    ),
+                    wait_interval_in_seconds=deployment.canary_bake_s,
+                ),
+                termination_wait_in_seconds=deployment.termination_wait_s,
+                maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s,
+            ),
+            auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
+                alarms=[
+                    sagemaker.CfnEndpoint.AlarmProperty(alarm_name=alarm.alarm_name)
+                    for alarm in rollback_alarms
+                ]
+            ),
+        ),
+    )
+    for alarm in rollback_alarms:
+        endpoint.node.add_dependency(alarm)
+    return EndpointResources(execution_role, model, endpoint_config, endpoint)

@@ -1,0 +1,143 @@
+"""The intent classifier endpoint on Inferentia, as synthesized."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+import yaml
+
+from stacks.intent_endpoint import INTENT_IMAGE_SOURCES
+from stacks.settings import REPO_ROOT, load_settings, parse_settings
+from stacks.stage import MangaAssistStage
+from stacks.synth import feature_flags
+
+
+def resource(template: dict[str, Any], resource_type: str, logical_prefix: str) -> dict[str, Any]:
+    (found,) = [r["Properties"] for k, r in template["Resources"].items()
+                if r["Type"] == resource_type and k.startswith(logical_prefix)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return synthesized.template("Prod/Serving")
+
+
+def test_model_is_the_compiled_archive_network_isolated(prod: dict[str, Any]) -> None:
+    settings = load_settings("prod")
+    model = resource(prod, "AWS::SageMaker::Model", "IntentEndpointModel")
+    assert model["EnableNetworkIsolation"] is True
+    container = model["PrimaryContainer"]
+    assert container["ModelDataUrl"] == (
+        f"s3://{settings.artifact_bucket_name}/{settings.intent.artifact_key}")
+    assert "ModelDataSource" not in container
+    assert container["Environment"] == {
+        "INTENT_MODEL_DIR": "/opt/ml/model",
+        "INTENT_TARGET": "inf1",
+        "INTENT_METRICS_ENDPOINT_NAME": "manga-assist-prod-intent",
+        "INTENT_METRICS_VARIANT_NAME": "AllTraffic",
+    }
+    assert len(model["VpcConfig"]["Subnets"]) == 2
+
+
+def test_endpoint_config_on_inf1_with_the_project_key(prod: dict[str, Any]) -> None:
+    config = resource(prod, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
+    (variant,) = config["ProductionVariants"]
+    assert variant["InstanceType"] == "ml.inf1.xlarge"
+    assert variant["InitialInstanceCount"] == 2  # seed 001: two Inferentia instances
+    assert "InferenceAmiVersion" not in variant
+    assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == 300
+    # inf1 is EBS-backed: its volume is encrypted with the customer-managed project key.
+    assert "ProjectKey" in json.dumps(config["KmsKeyId"])
+
+
+def test_endpoint_blue_green_with_rollback_alarms(prod: dict[str, Any]) -> None:
+    endpoint = resource(prod, "AWS::SageMaker::Endpoint", "IntentEndpoint")
+    assert endpoint["EndpointName"] == "manga-assist-prod-intent"
+    refs = [a["AlarmName"]["Ref"] for a in
+            endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+    names = {prod["Resources"][r]["Properties"]["AlarmName"] for r in refs}
+    assert names == {"manga-assist-prod-intent-invocation-5xx",
+                     "manga-assist-prod-intent-model-latency-p99"}
+
+
+def test_role_reads_only_the_archive_folder(prod: dict[str, Any]) -> None:
+    settings = load_settings("prod")
+    statements = [s for r in prod["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
+                  and any(ref["Ref"].startswith("IntentEndpointExecutionRole")
+                          for ref in r["Properties"]["Roles"])
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    read = next(s for s in statements if s.get("Sid") == "ReadModelData")
+    folder = settings.intent.artifact_key.rsplit("/", 1)[0]
+    assert read["Resource"] == f"arn:aws:s3:::{settings.artifact_bucket_name}/{folder}/*"
+
+
+def test_scaling_keeps_two_instances_off_peak_and_follows_the_calendar(
+    prod: dict[str, Any],
+) -> None:
+    target = resource(prod, "AWS::ApplicationAutoScaling::ScalableTarget", "IntentScaling")
+    assert target["ResourceId"] == "endpoint/manga-assist-prod-intent/variant/AllTraffic"
+    actions = {a["ScheduledActionName"]: a for a in target["ScheduledActions"]}
+    assert actions["floor-off-peak"]["ScalableTargetAction"] == {"MinCapacity": 2,
+                                                                 "MaxCapacity": 4}
+    assert "calendar-weekly-shonen-jump-prescale" in actions
+    # The calendar Lambda reconciles both targets.
+    (function,) = [r["Properties"] for r in prod["Resources"].values()
+                   if r["Type"] == "AWS::Lambda::Function"
+                   and r["Properties"].get("Handler") == "lambdas/release_calendar/handler.handler"]
+    assert function["Environment"]["Variables"]["SCALABLE_TARGET_INTENT"] == (
+        "endpoint/manga-assist-prod-intent/variant/AllTraffic")
+
+
+def test_image_builds_for_the_target_with_only_its_sources(synthesized) -> None:  # type: ignore[no-untyped-def]
+    assembly = synthesized.outdir / "assembly-Prod"
+    assets = json.loads(next(assembly.glob("ProdServing*.assets.json")).read_text())
+    (intent,) = [a["source"] for a in assets["dockerImages"].values()
+                 if a["source"]["dockerFile"] == "containers/intent/Dockerfile"]
+    assert intent["dockerBuildArgs"] == {"TARGET": "inf1"}
+    assert intent["platform"] == "linux/amd64"
+    staged = assembly / intent["directory"]
+    files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
+    neuron_files = {f for f in files if f.startswith("neuron/")}
+    assert neuron_files == {s for s in INTENT_IMAGE_SOURCES if s.startswith("neuron/")}
+    assert not [f for f in files if f.startswith(("stacks/", "tests/", "gpu_budget/"))]
+    ignore = (REPO_ROOT / "containers/intent/Dockerfile.dockerignore").read_text()
+    allowed = [line[1:].strip().rstrip("/") for line in ignore.splitlines()
+               if line.startswith("!")]
+
+    def kept(entries: list[str] | tuple[str, ...]) -> set[str]:
+        return {f for f in files if any(f == e or f.startswith(f"{e}/") for e in entries)}
+
+    assert kept(allowed) == kept(INTENT_IMAGE_SOURCES) == files, \
+        "the CDK asset and `docker build` (Dockerfile.dockerignore) must see the same context"
+
+
+def test_inf2_selects_the_inf2_image_and_instance(tmp_path: Path) -> None:
+    data = yaml.safe_load((REPO_ROOT / "config" / "dev.yaml").read_text())
+    data["intent"].update(target="inf2", instance_type="ml.inf2.xlarge",
+                          artifact_key="models/intent/distilbert-manga-intent-inf2/model.tar.gz")
+    settings = parse_settings(data, source="dev (inf2)")
+    app = cdk.App(outdir=str(tmp_path), context=feature_flags())
+    stage = MangaAssistStage(app, settings=settings)
+    app.synth()
+    template = json.loads(
+        (tmp_path / "assembly-Dev" / stage.serving.template_file).read_text())
+    config = resource(template, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
+    assert config["ProductionVariants"][0]["InstanceType"] == "ml.inf2.xlarge"
+    assets = json.loads(next(tmp_path.glob("assembly-Dev/DevServing*.assets.json")).read_text())
+    build_args = [a["source"].get("dockerBuildArgs") for a in assets["dockerImages"].values()]
+    assert {"TARGET": "inf2"} in build_args
+
+
+def test_instance_must_match_the_target() -> None:
+    data = yaml.safe_load((REPO_ROOT / "config" / "dev.yaml").read_text())
+    data["intent"]["instance_type"] = "ml.inf2.xlarge"  # target stays inf1
+    with pytest.raises(ValueError, match=r"'ml.inf2.xlarge' does not run inf1 models"):
+        parse_settings(data, source="dev")
+    data["intent"].update(instance_type="ml.inf1.xlarge", model_copies=9)
+    with pytest.raises(ValueError, match="model_copies 9 exceeds the 4 NeuronCores"):
+        parse_settings(data, source="dev")
