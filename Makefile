@@ -7,6 +7,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+QUANT_VENV := .venv-quant
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -26,6 +27,14 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
+# The quantization job's own environment (llm-compressor pins compressed-tensors and transformers
+# that cannot share a venv with the rest); the quantization tests run its CLI there.
+$(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirements-autoawq.txt
+	$(PYTHON) -m venv $(QUANT_VENV)
+	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements.txt
+	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r quantization/requirements-autoawq.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -43,10 +52,10 @@ lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron containers/intent/intent_server
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron containers/intent/intent_server quantization
 
-test: setup lint typecheck ## ruff, mypy and the whole test suite
-	$(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 $(PY) -m pytest
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
 	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)

@@ -1,0 +1,13 @@
+"""AWQ INT4 quantization of the served base model, calibrated on manga-domain chat, with a gate.
+
+A job, not a service (ARCHITECTURE §8; docs/quantization.md). Its pure parts — the system
+prompt (:mod:`quantization.system_prompt`), calibration formatting
+(:mod:`quantization.calibration`), response scoring and hallucination detection
+(:mod:`quantization.scoring`), the gate decision and its reports (:mod:`quantization.gate`) and
+checkpoint sizes (:mod:`quantization.checkpoint`) — import neither torch nor any ML library and
+run in the main environment. The shells that touch models (:mod:`quantization.awq`,
+:mod:`quantization.generation`, and :mod:`quantization.evaluate` when it generates) import
+llm-compressor / AutoAWQ / transformers / vLLM inside the functions that need them: they run in
+the quantization environment (``.venv-quant`` or the ``containers/quantize`` image), or in the
+serving image for vLLM.
+"""

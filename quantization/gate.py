@@ -1,0 +1,360 @@
+"""The quality gate: does the quantized model keep the baseline's quality at ≥ 60 % less memory?
+
+Seed 001 (story 8) acceptance criteria, checked on the quantized model against the baseline:
+
+- score ≥ 4.0 / 5.0 overall, on Japanese prompts and on English prompts (each on its own);
+- regression ≤ 2 % against the baseline, overall and per language
+  (``(baseline − quantized) / baseline``; an improvement is a negative regression);
+- zero hallucinated titles in the quantized model's answers;
+- weight memory reduced by ≥ 60 % (safetensors tensor bytes, baseline vs quantized).
+
+Every check is reported with what was measured and the threshold, so a failing report says why.
+The baseline is not gated (it is the reference), but a baseline under the score threshold is
+called out: then the evaluation set or the generation settings need attention, not the
+quantization.
+
+Pure module: standard library only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from quantization.calibration import SUPPORTED_LANGUAGES
+from quantization.scoring import ResponseScore
+
+RESPONSE_EXCERPT_CHARS = 240
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    """The acceptance thresholds (seed 001 defaults)."""
+
+    min_score: float = 4.0
+    max_regression: float = 0.02
+    max_hallucinated_titles: int = 0
+    min_memory_reduction: float = 0.60
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_score <= 5.0:
+            raise ValueError(f"min_score: {self.min_score} is not on the 0–5 scale")
+        if not 0.0 <= self.max_regression < 1.0:
+            raise ValueError(f"max_regression: {self.max_regression} must be in [0, 1)")
+        if self.max_hallucinated_titles < 0:
+            raise ValueError(f"max_hallucinated_titles: {self.max_hallucinated_titles} < 0")
+        if not 0.0 <= self.min_memory_reduction < 1.0:
+            raise ValueError(f"min_memory_reduction: {self.min_memory_reduction} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class ModelScores:
+    """One model's scores: overall, per language, per item, and every hallucinated title."""
+
+    label: str
+    overall: float
+    by_language: dict[str, float]
+    items_by_language: dict[str, int]
+    items: tuple[ResponseScore, ...]
+    responses: tuple[str, ...]
+
+    @property
+    def hallucinations(self) -> list[tuple[str, str]]:
+        """``(item id, title)`` for every invented title."""
+        return [(s.item_id, title) for s in self.items for title in s.hallucinated_titles]
+
+    def score(self, dimension: str) -> float:
+        """``overall`` or a language code."""
+        return self.overall if dimension == "overall" else self.by_language[dimension]
+
+
+def aggregate_scores(
+    label: str, scores: Sequence[ResponseScore], responses: Sequence[str]
+) -> ModelScores:
+    """Mean scores overall and per language; every language must have at least one item."""
+    if not scores:
+        raise ValueError(f"{label}: no scored answers")
+    by_language: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for language in SUPPORTED_LANGUAGES:
+        subset = [s.score for s in scores if s.language == language]
+        if not subset:
+            raise ValueError(
+                f"{label}: no {language!r} items; the gate scores Japanese and English separately"
+            )
+        by_language[language] = round(statistics.fmean(subset), 4)
+        counts[language] = len(subset)
+    return ModelScores(
+        label=label,
+        overall=round(statistics.fmean(s.score for s in scores), 4),
+        by_language=by_language,
+        items_by_language=counts,
+        items=tuple(scores),
+        responses=tuple(responses),
+    )
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One acceptance criterion: what was measured against which threshold."""
+
+    name: str
+    passed: bool
+    measured: float
+    threshold: float
+    comparison: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """Weight memory of both checkpoints (tensor bytes from the safetensors headers)."""
+
+    baseline_bytes: int
+    quantized_bytes: int
+
+    @property
+    def reduction(self) -> float:
+        """1 − quantized / baseline."""
+        return 1.0 - self.quantized_bytes / self.baseline_bytes
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """The gate's decision and everything that led to it."""
+
+    passed: bool
+    checks: tuple[GateCheck, ...]
+    baseline: ModelScores
+    quantized: ModelScores
+    memory: MemoryFigures
+    thresholds: GateThresholds
+    warnings: tuple[str, ...] = ()
+    context: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[GateCheck]:
+        """The checks that failed."""
+        return [check for check in self.checks if not check.passed]
+
+
+def regression(baseline: float, quantized: float) -> float:
+    """Relative quality loss: (baseline − quantized) / baseline; 0 when the baseline is 0."""
+    return 0.0 if baseline <= 0 else (baseline - quantized) / baseline
+
+
+DIMENSIONS = ("overall", *SUPPORTED_LANGUAGES)
+
+
+def decide(
+    baseline: ModelScores,
+    quantized: ModelScores,
+    memory: MemoryFigures,
+    thresholds: GateThresholds | None = None,
+    *,
+    context: dict[str, object] | None = None,
+) -> GateReport:
+    """Apply every acceptance criterion and return the report."""
+    limits = thresholds or GateThresholds()
+    if memory.baseline_bytes <= 0:
+        raise ValueError(f"baseline_bytes: {memory.baseline_bytes} is not a weight size")
+    checks: list[GateCheck] = []
+    warnings: list[str] = []
+    for dimension in DIMENSIONS:
+        score = quantized.score(dimension)
+        checks.append(
+            GateCheck(
+                name=f"score_{dimension}",
+                passed=score >= limits.min_score,
+                measured=score,
+                threshold=limits.min_score,
+                comparison=">=",
+                detail=f"quantized {dimension} score {score:.2f}/5.00",
+            )
+        )
+    for dimension in DIMENSIONS:
+        base, quant = baseline.score(dimension), quantized.score(dimension)
+        loss = regression(base, quant)
+        if base <= 0:
+            warnings.append(f"baseline scored 0 on {dimension}: regression is not meaningful")
+        checks.append(
+            GateCheck(
+                name=f"regression_{dimension}",
+                passed=loss <= limits.max_regression,
+                measured=round(loss, 6),
+                threshold=limits.max_regression,
+                comparison="<=",
+                detail=f"{dimension}: baseline {base:.2f} → quantized {quant:.2f} "
+                f"({0.0 - loss * 100 + 0.0:+.2f} %)",
+            )
+        )
+    invented = quantized.hallucinations
+    checks.append(
+        GateCheck(
+            name="hallucinated_titles",
+            passed=len(invented) <= limits.max_hallucinated_titles,
+            measured=len(invented),
+            threshold=limits.max_hallucinated_titles,
+            comparison="<=",
+            detail=", ".join(f"{item}: {title}" for item, title in invented) or "none",
+        )
+    )
+    reduction = memory.reduction
+    checks.append(
+        GateCheck(
+            name="memory_reduction",
+            passed=reduction >= limits.min_memory_reduction,
+            measured=round(reduction, 6),
+            threshold=limits.min_memory_reduction,
+            comparison=">=",
+            detail=f"{_gib(memory.baseline_bytes)} → {_gib(memory.quantized_bytes)} "
+            f"({reduction * 100:.1f} % less)",
+        )
+    )
+    for dimension in DIMENSIONS:
+        if baseline.score(dimension) < limits.min_score:
+            warnings.append(
+                f"baseline {dimension} score {baseline.score(dimension):.2f} is below "
+                f"{limits.min_score:.1f}: check the evaluation set and generation settings"
+            )
+    if baseline.hallucinations:
+        warnings.append(f"baseline invented {len(baseline.hallucinations)} title(s) too")
+    return GateReport(
+        passed=all(check.passed for check in checks),
+        checks=tuple(checks),
+        baseline=baseline,
+        quantized=quantized,
+        memory=memory,
+        thresholds=limits,
+        warnings=tuple(warnings),
+        context=dict(context or {}),
+    )
+
+
+def _gib(num_bytes: int) -> str:
+    if num_bytes >= 1024**3:
+        return f"{num_bytes / 1024**3:.2f} GiB"
+    return f"{num_bytes / 1024**2:.2f} MiB"
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def report_to_dict(report: GateReport) -> dict[str, object]:
+    """The JSON report: decision, checks, scores, memory and every per-item score."""
+
+    def model(scores: ModelScores) -> dict[str, object]:
+        return {
+            "label": scores.label,
+            "overall": scores.overall,
+            "by_language": scores.by_language,
+            "items_by_language": scores.items_by_language,
+            "hallucinated_titles": [
+                {"id": item, "title": title} for item, title in scores.hallucinations
+            ],
+            "items": [
+                {**score.as_dict(), "response": response}
+                for score, response in zip(scores.items, scores.responses, strict=True)
+            ],
+        }
+
+    return {
+        "passed": report.passed,
+        "failed_checks": [check.name for check in report.failures],
+        "checks": [check.__dict__ for check in report.checks],
+        "thresholds": report.thresholds.__dict__,
+        "memory": {
+            "baseline_weight_bytes": report.memory.baseline_bytes,
+            "quantized_weight_bytes": report.memory.quantized_bytes,
+            "reduction": round(report.memory.reduction, 6),
+        },
+        "baseline": model(report.baseline),
+        "quantized": model(report.quantized),
+        "warnings": list(report.warnings),
+        "context": report.context,
+    }
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split()).replace("|", "\\|")
+    return flat if len(flat) <= RESPONSE_EXCERPT_CHARS else flat[:RESPONSE_EXCERPT_CHARS] + " …"
+
+
+def render_markdown(report: GateReport) -> str:
+    """The human report: verdict and reasons first, then scores, memory and weak answers."""
+    verdict = "PASSED" if report.passed else "FAILED"
+    lines = [f"# AWQ quality gate: {verdict}", ""]
+    if report.failures:
+        lines.append("Failed because:")
+        lines.extend(
+            f"- **{check.name}**: measured {check.measured:g}, needs {check.comparison} "
+            f"{check.threshold:g} — {check.detail}"
+            for check in report.failures
+        )
+    else:
+        lines.append("Every acceptance criterion holds.")
+    lines += ["", "## Scores (0–5)", "", "| | overall | ja | en |", "|---|---|---|---|"]
+    for scores in (report.baseline, report.quantized):
+        lines.append(
+            f"| {scores.label} | {scores.overall:.2f} | {scores.by_language['ja']:.2f} "
+            f"| {scores.by_language['en']:.2f} |"
+        )
+    lines.append(
+        "| regression | "
+        + " | ".join(
+            f"{regression(report.baseline.score(d), report.quantized.score(d)) * 100:.2f} %"
+            for d in DIMENSIONS
+        )
+        + " |"
+    )
+    counts = report.quantized.items_by_language
+    lines += [
+        "",
+        f"Items: {counts['ja']} Japanese, {counts['en']} English.",
+        "",
+        "## Checks",
+        "",
+        "| check | result | measured | threshold | detail |",
+        "|---|---|---|---|---|",
+    ]
+    lines.extend(
+        f"| {c.name} | {'pass' if c.passed else 'FAIL'} | {c.measured:g} | {c.comparison} "
+        f"{c.threshold:g} | {c.detail.replace('|', '/')} |"
+        for c in report.checks
+    )
+    memory = report.memory
+    lines += [
+        "",
+        "## Weight memory",
+        "",
+        f"- baseline: {memory.baseline_bytes:,} bytes ({_gib(memory.baseline_bytes)})",
+        f"- quantized: {memory.quantized_bytes:,} bytes ({_gib(memory.quantized_bytes)})",
+        f"- reduction: {memory.reduction * 100:.1f} %",
+    ]
+    if report.warnings:
+        lines += ["", "## Warnings", ""]
+        lines.extend(f"- {warning}" for warning in report.warnings)
+    weak = [
+        (score, response)
+        for score, response in zip(report.quantized.items, report.quantized.responses, strict=True)
+        if score.missing or score.hallucinated_titles
+    ]
+    if weak:
+        lines += [
+            "",
+            "## Quantized answers that lost points",
+            "",
+            "| id | lang | score | missing | hallucinated | answer |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines.extend(
+            f"| {s.item_id} | {s.language} | {s.score:.2f} | "
+            f"{', '.join(s.missing).replace('|', '/') or '—'} | "
+            f"{', '.join(s.hallucinated_titles) or '—'} | {_excerpt(text)} |"
+            for s, text in weak
+        )
+    if report.context:
+        lines += ["", "## Run", ""]
+        lines.extend(f"- {key}: {value}" for key, value in report.context.items())
+    return "\n".join(lines) + "\n"
