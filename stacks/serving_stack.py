@@ -22,6 +22,7 @@ from stacks.alarm_rules import (
     llm_alarm_rules,
 )
 from stacks.alarms import EndpointAlarms
+from stacks.dashboard import DashboardEndpoint, InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
 from stacks.network import ModelNetwork
@@ -170,6 +171,41 @@ class ServingStack(cdk.Stack):
             # Reconcile only once the scalable targets exist.
             for scaling in (self.llm_scaling, self.intent_scaling):
                 self.calendar_reconciler.node.add_dependency(scaling)
+
+
+        self.dashboard = InferenceDashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{settings.resource_prefix}-inference",
+            endpoints=[
+                DashboardEndpoint(
+                    title=f"LLM (vLLM on {llm.instance_type})",
+                    endpoint_name=llm_endpoint_name,
+                    variant_name=VARIANT_NAME,
+                    kind="llm",
+                    instance_type=llm.instance_type,
+                    scaling=llm.scaling,
+                    alarms=self.llm_alarms,
+                ),
+                DashboardEndpoint(
+                    title=f"Intent (DistilBERT on {intent.instance_type})",
+                    endpoint_name=intent_endpoint_name,
+                    variant_name=VARIANT_NAME,
+                    kind="intent",
+                    instance_type=intent.instance_type,
+                    scaling=intent.scaling,
+                    alarms=self.intent_alarms,
+                ),
+            ],
+            calendar_function_name=(
+                self.calendar_reconciler.lambda_function.function_name
+                if self.calendar_reconciler
+                else None
+            ),
+            calendar_environment=settings.name if self.calendar_reconciler else None,
+            calendar_alarms=self.calendar_reconciler.alarms if self.calendar_reconciler else None,
+        )
+        cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
 
 
 _RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",

@@ -96,7 +96,8 @@ def test_warnings_notify_the_topic_and_pages_go_through_the_composite(
         else:
             assert actions == [], f"{name} pages through the composite, not directly"
     (composite,) = [r["Properties"] for r in prod["Resources"].values()
-                    if r["Type"] == "AWS::CloudWatch::CompositeAlarm"]
+                    if r["Type"] == "AWS::CloudWatch::CompositeAlarm"
+                    and r["Properties"]["AlarmName"] == f"{PREFIX}-page"]
     assert composite["AlarmName"] == f"{PREFIX}-page"
     rule_text = json.dumps(composite["AlarmRule"])
     logical_ids = {r["Properties"]["AlarmName"]: k for k, r in prod["Resources"].items()

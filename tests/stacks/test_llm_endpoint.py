@@ -16,8 +16,10 @@ STAGES = ("Dev", "Prod")
 
 
 def only(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
-    found = [r for r in template["Resources"].values() if r["Type"] == resource_type]
-    assert len(found) == 1, f"expected one {resource_type}, found {len(found)}"
+    """The LLM endpoint's one resource of this type (the intent endpoint has its own)."""
+    found = [r for k, r in template["Resources"].items()
+             if r["Type"] == resource_type and k.startswith("LlmEndpoint")]
+    assert len(found) == 1, f"expected one LLM {resource_type}, found {len(found)}"
     return found[0]["Properties"]
 
 
@@ -95,9 +97,8 @@ def test_model_data_is_an_uncompressed_s3_prefix(serving: dict[str, Any], stage:
 def test_image_is_built_from_the_llm_dockerfile_for_amd64(synthesized, stage: str) -> None:  # type: ignore[no-untyped-def]
     assembly = synthesized.outdir / f"assembly-{stage}"
     assets = json.loads(next(assembly.glob(f"{stage}Serving*.assets.json")).read_text())
-    images = list(assets["dockerImages"].values())
-    assert len(images) == 1
-    source = images[0]["source"]
+    (source,) = [a["source"] for a in assets["dockerImages"].values()
+                 if a["source"]["dockerFile"] == "containers/llm/Dockerfile"]
     assert source["dockerFile"] == "containers/llm/Dockerfile"
     assert source["platform"] == "linux/amd64"
     staged = assembly / source["directory"]

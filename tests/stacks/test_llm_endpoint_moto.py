@@ -34,7 +34,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def resource(template: dict[str, Any], resource_type: str) -> tuple[str, dict[str, Any]]:
     (found,) = [(k, r["Properties"]) for k, r in template["Resources"].items()
-                if r["Type"] == resource_type]
+                if r["Type"] == resource_type and k.startswith("LlmEndpoint")]
     return found
 
 
@@ -63,8 +63,8 @@ def test_endpoint_resources_are_accepted_by_the_sagemaker_api(synthesized, aws) 
 
     ec2 = boto3.client("ec2", region_name=REGION)
     vpc_id = ec2.create_vpc(CidrBlock="10.40.0.0/20")["Vpc"]["VpcId"]
-    for index, (logical_id, _) in enumerate(
-        (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::Subnet"
+    for index, logical_id in enumerate(
+        k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::Subnet"
     ):
         subnet = ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.40.{index * 4}.0/22")
         refs[logical_id] = subnet["Subnet"]["SubnetId"]

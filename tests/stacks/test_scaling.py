@@ -31,7 +31,9 @@ def dev(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 
 
 def scalable_target(template: dict[str, Any]) -> dict[str, Any]:
-    (target,) = by_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+    """The LLM variant's scalable target (the intent endpoint has its own)."""
+    (target,) = [t for t in by_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+                 if "-llm/" in t["Properties"]["ResourceId"]]
     return target
 
 
@@ -47,7 +49,7 @@ def test_scalable_target_is_the_llm_variant(synthesized, stage: str) -> None:  #
         settings.min_capacity, settings.max_capacity)
     template = synthesized.template(f"{stage}/Serving")
     (endpoint_id,) = [k for k, r in template["Resources"].items()
-                      if r["Type"] == "AWS::SageMaker::Endpoint"]
+                      if r["Type"] == "AWS::SageMaker::Endpoint" and k.startswith("LlmEndpoint")]
     assert endpoint_id in target["DependsOn"], "the endpoint must exist before its variant is "\
         "registered"
 
@@ -66,8 +68,9 @@ def test_target_tracking_on_invocations_per_instance(prod: dict[str, Any]) -> No
 
 
 def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
-    (policy,) = [p["Properties"] for p in by_type(prod, "AWS::ApplicationAutoScaling::ScalingPolicy")
-                 if p["Properties"]["PolicyType"] == "StepScaling"]
+    (policy,) = [r["Properties"] for k, r in prod["Resources"].items()
+                 if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
+                 and r["Properties"]["PolicyType"] == "StepScaling" and k.startswith("LlmScaling")]
     config = policy["StepScalingPolicyConfiguration"]
     assert config["AdjustmentType"] == "ChangeInCapacity"
     assert config["Cooldown"] == 60
@@ -79,7 +82,9 @@ def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
 
 def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any]) -> None:
     alarms = [a["Properties"] for a in by_type(prod, "AWS::CloudWatch::Alarm")
-              if a["Properties"].get("MetricName") == "InvocationsPerInstance"]
+              if a["Properties"].get("MetricName") == "InvocationsPerInstance"
+              and {"Name": "EndpointName", "Value": "manga-assist-prod-llm"}
+              in a["Properties"]["Dimensions"]]
     (alarm,) = alarms
     assert alarm["Namespace"] == "AWS/SageMaker"
     assert alarm["Period"] == 60 and alarm["EvaluationPeriods"] == 1
