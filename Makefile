@@ -17,7 +17,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup synth test lint typecheck diff deploy clean
+.PHONY: help setup synth simulate test lint typecheck diff deploy clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ synth: setup ## synthesize every environment offline (cdk-nag + cfn-lint), print
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
 	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean. Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
+
+simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
+	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --plot-dir docs/img
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .

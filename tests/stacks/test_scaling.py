@@ -73,7 +73,7 @@ def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
                  and r["Properties"]["PolicyType"] == "StepScaling" and k.startswith("LlmScaling")]
     config = policy["StepScalingPolicyConfiguration"]
     assert config["AdjustmentType"] == "ChangeInCapacity"
-    assert config["Cooldown"] == 60
+    assert config["Cooldown"] == 300  # ≈ the provisioning delay (docs/scaling.md)
     steps = sorted((s["MetricIntervalLowerBound"], s.get("MetricIntervalUpperBound"),
                     s["ScalingAdjustment"]) for s in config["StepAdjustments"])
     # Bounds are relative to the alarm threshold (200/min/instance): 200-400 +2, 400-800 +4, 800+ +8.
@@ -126,8 +126,8 @@ def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
     actions = scheduled(prod)
     jump = actions["calendar-weekly-shonen-jump-prescale"]
     assert jump["Schedule"] == "cron(0 16 ? * MON *)"  # 18:00 release − 2 h lead
-    # ceil(1000/min × 2.0 ÷ 200/min × 1.3) = 13 instances, max stays at the target's 20.
-    assert jump["ScalableTargetAction"] == {"MinCapacity": 13, "MaxCapacity": 20}
+    # ceil(600/min × 2.0 ÷ 200/min × 1.3) = ceil(7.8) = 8 instances; max stays at the target's 20.
+    assert jump["ScalableTargetAction"] == {"MinCapacity": 8, "MaxCapacity": 20}
     friday = actions["calendar-weekly-friday-release-window-prescale"]
     assert friday["Schedule"] == "cron(0 16 ? * FRI *)"
     assert actions["calendar-weekly-friday-release-window-restore"]["Schedule"] == (
@@ -167,7 +167,7 @@ def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
     assert env["HORIZON_DAYS"] == "14" and env["ENVIRONMENT"] == "prod"
     assert env["DRY_RUN"] == "false"
     models = json.loads(env["CALENDAR_CAPACITY_MODELS"])
-    assert models["llm"]["base_invocations_per_min"] == 1000
+    assert models["llm"]["base_invocations_per_min"] == 600
     assert models["llm"]["business_hours"]["start"] == "08:00"
     assert function["Runtime"].startswith("python3.")
     assert function["ReservedConcurrentExecutions"] == 1
