@@ -1,0 +1,252 @@
+"""The HTTP contract: OpenAI Chat Completions request/response shapes plus our extension.
+
+Requests follow OpenAI's Chat Completions schema closely enough that the official ``openai``
+client works unchanged; fields this gateway cannot honour (tools, response_format, logprobs, n>1
+...) are refused by name rather than ignored. MangaAssist's own request fields live in one
+namespace, the ``mangaassist`` object (the openai client sends it with
+``extra_body={"mangaassist": {...}}``); responses carry a ``mangaassist`` object too: which adapter
+answered, what the context budget kept and dropped, whether the answer is a fallback.
+
+Validation is strict (no "5" for 5, no 1 for true). Pure module (pydantic only).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+
+from gateway.settings import LOCALE_PATTERN
+from intents import INTENT_LABELS, require_intent
+
+EXTENSION_FIELD = "mangaassist"
+"""Name of the extension namespace in requests and responses."""
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
+class ChatMessage(BaseModel):
+    """One message. Content must be a string (content-part arrays and tool calls are refused)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text
+    name: Annotated[Text, Field(max_length=64)] | None = None
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's stream_options: include_usage adds a final chunk with token usage."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    include_usage: bool = False
+
+
+class MangaAssistExtension(BaseModel):
+    """MangaAssist's request fields (all optional)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", title="MangaAssistRequestExtension")
+
+    intent: Annotated[
+        str | None,
+        WithJsonSchema({"anyOf": [{"type": "string", "enum": list(INTENT_LABELS)},
+                                  {"type": "null"}]}),
+    ] = Field(None, description="The router's intent; picks the adapter when model is "
+                                "absent or 'auto'.")
+    locale: Annotated[str, Field(pattern=LOCALE_PATTERN.pattern, max_length=35)] | None = Field(
+        None, description="BCP-47 locale of the customer, e.g. ja-JP.")
+    pinned_messages: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=64,
+        description="Indices into messages that the sliding window must keep (stated "
+                    "preferences).")
+    rag_context: list[Text] = Field(
+        default_factory=list, max_length=32,
+        description="Retrieved passages, best first; trimmed (lowest-ranked first) to the RAG "
+                    "budget.")
+
+    @field_validator("intent")
+    @classmethod
+    def _known_intent(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return require_intent(value, field="mangaassist.intent")
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /invocations and /v1/chat/completions body."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", title="ChatCompletionRequest")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: Annotated[Text, Field(max_length=256)] | None = Field(
+        None, description="A served adapter, the base model's name, or 'auto' (route by intent).")
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: Annotated[Text, Field(min_length=1, max_length=64)] | list[
+        Annotated[Text, Field(min_length=1, max_length=64)]] | None = Field(None)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    user: Annotated[Text, Field(max_length=256)] | None = None
+    mangaassist: MangaAssistExtension | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(value)}")
+        return value
+
+
+# --- responses (documented in the OpenAPI schema; built as plain dicts for speed) ---
+class ErrorDetail(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx body."""
+
+    error: ErrorDetail
+
+
+class AssistantMessage(BaseModel):
+    """The answer."""
+
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+class Choice(BaseModel):
+    """The single choice (n is always 1)."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class Usage(BaseModel):
+    """Token usage in the served model's tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ContextReport(BaseModel):
+    """What the sliding window kept and dropped."""
+
+    prompt_tokens: int
+    prompt_budget_tokens: int
+    history_budget_tokens: int
+    max_output_tokens: int
+    template_overhead_tokens: int
+    kept_messages: list[int]
+    dropped_messages: list[int]
+    dropped_turns: int
+    truncated: bool
+    truncation_notice: str | None
+    rag_chunks_kept: int
+    rag_chunks_dropped: int
+    context_factor: float
+
+
+class FallbackInfo(BaseModel):
+    """Why this answer is a fallback rather than generated."""
+
+    reason: Literal["engine_out_of_memory", "engine_dead", "engine_error", "breaker_open_xl"]
+    detail: str
+
+
+class ResponseExtension(BaseModel):
+    """MangaAssist's response fields."""
+
+    model_config = ConfigDict(title="MangaAssistResponseExtension")
+
+    adapter: str | None
+    route: str
+    bucket: Literal["S", "M", "L", "XL"]
+    breaker: Literal["closed", "half_open", "open"]
+    fallback: FallbackInfo | None
+    deadline_exceeded: bool
+    context: ContextReport
+
+
+class ChatCompletionResponse(BaseModel):
+    """Non-streaming answer (OpenAI's chat.completion)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    mangaassist: ResponseExtension
+
+
+class ModelCard(BaseModel):
+    """One entry of GET /v1/models."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """GET /v1/models."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class PingResponse(BaseModel):
+    """GET /ping body (200 or 503)."""
+
+    status: Literal["healthy", "recovering", "warming_up", "recovery_overdue", "crash_loop",
+                    "failed", "draining"]
+    reason: str
+    engine: str
+    breaker: Literal["closed", "half_open", "open"]
+    engine_generation: int
+    engine_restarts: int
+    warmup: str
+    adapters: dict[str, str]
+    """Each LoRA adapter: "loaded", "failed: <reason>", "not loaded" or "configured"."""
+
+
+STREAM_DESCRIPTION = (
+    "Server-Sent Events when stream is true: `data: {chat.completion.chunk}` lines, the first "
+    "with the assistant role and the mangaassist object, the last with finish_reason (and "
+    "mangaassist.fallback when the answer is a fallback), optionally a usage chunk, then "
+    "`data: [DONE]`."
+)
+
+
+def error_body(message: str, *, type_: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,229 @@
+"""The sliding-window context budget (seed 000 and user story 5 of seed 001).
+
+Unbounded conversation history is what filled the KV cache and crashed GPU workers. This module
+decides, in the served model's tokens, what of a conversation goes to the engine:
+
+    prompt budget = max_model_len − max output tokens − the template's fixed overhead
+
+and, inside it, by priority:
+
+1. **Instructions and the question** — system messages, pinned messages (stated preferences the
+   caller marked) and the current (last) message always stay. System + pinned may use at most
+   the *system* share of max_model_len; if the current message cannot fit beside them the
+   request is refused (:class:`CurrentMessageTooLong`), never silently cut.
+2. **The truncation marker** — when any turn is dropped, an explicit system message ("earlier
+   conversation truncated — N turns not shown") takes the dropped turns' place, so the model and
+   the user know. Its tokens are reserved before RAG.
+3. **RAG context** — chunks in rank order while they fit the *rag* share and what is left after
+   1-2; a chunk that does not fit ends the list (it can never starve the question).
+4. **History** — the newest turns that fit the *history* share and what is left; everything older
+   is dropped. A "turn" here is one user or assistant message.
+
+While the circuit breaker is not closed, the RAG and history shares are multiplied by a factor
+below 1 (a smaller context after an OOM). Pure module: token counts come in as numbers and the
+marker's size through a callable, so it is trivially unit-tested.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gateway.settings import ContextSplit
+
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
+
+
+class BudgetError(ValueError):
+    """The request cannot be fitted; ``param`` names the request field at fault."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class CurrentMessageTooLong(BudgetError):
+    """The current message alone does not fit the budget left beside system and pinned ones."""
+
+
+class InstructionsTooLong(BudgetError):
+    """System + pinned messages exceed their share of the context window."""
+
+
+class OutputTooLong(BudgetError):
+    """max_tokens leaves no room for any prompt."""
+
+
+class BudgetMessage(NamedTuple):
+    """A message as the planner sees it: position in the request, role, size, pinned or not."""
+
+    position: int
+    role: str
+    tokens: int
+    """Content tokens plus the template's per-message overhead for the role."""
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """What goes to the engine, and the figures behind the decision."""
+
+    kept_indices: tuple[int, ...]
+    """Request message indices kept, oldest first (instructions, pinned, history, current)."""
+    dropped_indices: tuple[int, ...]
+    """History message indices dropped, oldest first."""
+    rag_chunks_kept: int
+    """The first ``rag_chunks_kept`` RAG chunks (rank order) are used."""
+    rag_chunks_dropped: int
+    prompt_budget_tokens: int
+    history_budget_tokens: int
+    rag_budget_tokens: int
+    max_output_tokens: int
+    instruction_tokens: int
+    current_tokens: int
+    rag_tokens: int
+    history_tokens: int
+    marker_tokens: int
+    fixed_overhead_tokens: int
+
+    @property
+    def dropped_turns(self) -> int:
+        """How many turns the sliding window dropped (the number in the marker)."""
+        return len(self.dropped_indices)
+
+    @property
+    def truncated(self) -> bool:
+        """True when the marker is shown."""
+        return bool(self.dropped_indices)
+
+    @property
+    def estimated_prompt_tokens(self) -> int:
+        """Prompt size by this plan's arithmetic (the rendered prompt is checked against it)."""
+        return (self.fixed_overhead_tokens + self.instruction_tokens + self.current_tokens
+                + self.rag_tokens + self.history_tokens + self.marker_tokens)
+
+
+def plan_context(
+    messages: Sequence[BudgetMessage],
+    *,
+    max_model_len: int,
+    max_output_tokens: int,
+    split: ContextSplit,
+    fixed_overhead_tokens: int,
+    marker_tokens: Callable[[int], int],
+    rag_chunk_tokens: Sequence[int] = (),
+    rag_overhead_tokens: int = 0,
+    context_factor: float = 1.0,
+    reserve_tokens: int = 0,
+) -> ContextPlan:
+    """Plan the prompt for ``messages`` (the last one is the current message).
+
+    ``marker_tokens(n)`` is the size of the truncation-marker message for ``n`` dropped turns;
+    ``rag_chunk_tokens`` the size of each RAG chunk in rank order and ``rag_overhead_tokens`` the
+    cost of the message that carries them; ``reserve_tokens`` is taken off the prompt budget (the
+    caller's correction when the rendered prompt came out larger than estimated).
+    """
+    if not messages:
+        raise BudgetError("messages: at least one message is required", param="messages")
+    if not 0.0 < context_factor <= 1.0:
+        raise ValueError(f"context_factor must be in (0, 1], got {context_factor}")
+    if max_output_tokens < 1:
+        raise OutputTooLong(f"max_tokens must be at least 1, got {max_output_tokens}",
+                            param="max_tokens")
+    prompt_budget = max_model_len - max_output_tokens - fixed_overhead_tokens - reserve_tokens
+    if prompt_budget < 1:
+        raise OutputTooLong(
+            f"max_tokens={max_output_tokens} leaves no room for a prompt in "
+            f"max_model_len={max_model_len} (template overhead {fixed_overhead_tokens})",
+            param="max_tokens",
+        )
+
+    current = messages[-1]
+    earlier = messages[:-1]
+    instructions = [m for m in earlier if m.role in INSTRUCTION_ROLES or m.pinned]
+    history = [m for m in earlier if not (m.role in INSTRUCTION_ROLES or m.pinned)]
+    instruction_tokens = sum(m.tokens for m in instructions)
+
+    system_cap = math.floor(split.system * max_model_len)
+    if instruction_tokens > system_cap:
+        raise InstructionsTooLong(
+            f"system and pinned messages use {instruction_tokens} tokens; their share of the "
+            f"context is {system_cap} tokens (system={split.system:g} of "
+            f"max_model_len={max_model_len}); shorten them or pin fewer messages",
+            param="messages" if not any(m.pinned for m in instructions)
+            else "mangaassist.pinned_messages",
+        )
+    room_for_current = prompt_budget - instruction_tokens
+    if current.tokens > room_for_current:
+        raise CurrentMessageTooLong(
+            f"the current message needs {current.tokens} tokens but only {max(0, room_for_current)}"
+            f" fit (max_model_len={max_model_len}, max_tokens={max_output_tokens}, system and "
+            f"pinned messages {instruction_tokens}); shorten it or lower max_tokens",
+            param=f"messages[{current.position}].content",
+        )
+    remaining = room_for_current - current.tokens
+
+    history_total = sum(m.tokens for m in history)
+    marker_reserve = marker_tokens(len(history)) if history else 0
+
+    rag_cap = math.floor(split.rag * max_model_len * context_factor)
+    rag_room = min(rag_cap, remaining - marker_reserve)
+    rag_used = 0
+    rag_kept = 0
+    for chunk_tokens in rag_chunk_tokens:
+        cost = chunk_tokens + (rag_overhead_tokens if rag_kept == 0 else 0)
+        if rag_used + cost > rag_room:
+            break
+        rag_used += cost
+        rag_kept += 1
+    remaining -= rag_used
+
+    history_cap = math.floor(split.history * max_model_len * context_factor)
+    history_room = min(history_cap, remaining)
+    kept_history: list[BudgetMessage] = []
+    marker_cost = 0
+    if history_total <= history_room:
+        kept_history = list(history)
+    else:
+        marker_cost = marker_reserve
+        room = min(history_room, max(0, remaining - marker_cost))
+        used = 0
+        for message in reversed(history):
+            if used + message.tokens > room:
+                break
+            used += message.tokens
+            kept_history.append(message)
+        kept_history.reverse()
+    kept_set = {m.position for m in kept_history}
+    dropped = tuple(m.position for m in history if m.position not in kept_set)
+    if dropped:
+        marker_cost = marker_tokens(len(dropped))
+    kept = sorted([*(m.position for m in instructions), *kept_set, current.position])
+    plan = ContextPlan(
+        kept_indices=tuple(kept),
+        dropped_indices=dropped,
+        rag_chunks_kept=rag_kept,
+        rag_chunks_dropped=len(rag_chunk_tokens) - rag_kept,
+        prompt_budget_tokens=prompt_budget,
+        history_budget_tokens=history_room,
+        rag_budget_tokens=max(0, rag_room),
+        max_output_tokens=max_output_tokens,
+        instruction_tokens=instruction_tokens,
+        current_tokens=current.tokens,
+        rag_tokens=rag_used,
+        history_tokens=sum(m.tokens for m in kept_history),
+        marker_tokens=marker_cost,
+        fixed_overhead_tokens=fixed_overhead_tokens,
+    )
+    if plan.estimated_prompt_tokens + reserve_tokens > max_model_len - max_output_tokens:
+        # Only possible when the marker itself does not fit beside the current message.
+        raise CurrentMessageTooLong(
+            f"the current message ({current.tokens} tokens) leaves no room for the truncation "
+            f"marker of the {len(dropped)} earlier turns it would drop "
+            f"(max_model_len={max_model_len}, max_tokens={max_output_tokens}); shorten it or "
+            "lower max_tokens",
+            param=f"messages[{current.position}].content",
+        )
+    return plan

@@ -1,0 +1,182 @@
+"""The inference-engine interface the gateway drives, and the errors engines raise.
+
+Two engines implement it: the simulated PagedAttention engine (:mod:`gateway.engines.sim`, for
+tests, benchmarks and ``make local``) and, in its own issue, the vLLM ``AsyncLLM`` adapter. The
+interface mirrors what that adapter offers (FACTS.md, vLLM 0.33):
+
+* ``start()`` builds the engine; ``kv_capacity()`` then reports the KV pool it really got
+  (vLLM: ``cache_config.num_gpu_blocks`` × ``block_size``), which admission is sized from.
+* ``generate()`` streams :class:`GenerationDelta` objects (text, token ids, finish reason) for a
+  rendered prompt, sampling parameters and an optional LoRA adapter.
+* An engine that dies (vLLM: the engine-core child process exits after a CUDA OOM) raises
+  :class:`EngineDead` into every in-flight and every later call. There is no restart: the gateway
+  builds a new engine. The vLLM adapter translates ``EngineDeadError`` and
+  ``torch.OutOfMemoryError`` into :class:`EngineDead` / :class:`EngineOutOfMemory`, and vLLM's
+  validation errors into :class:`EngineRequestError`.
+
+Pure module: dataclasses and a Protocol, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(Exception):
+    """Base class of every error an engine raises through this interface."""
+
+
+class EngineDead(EngineError):
+    """The engine has died; this and every later call fails until the gateway rebuilds it."""
+
+
+class EngineOutOfMemory(EngineDead):
+    """The engine died because the accelerator ran out of memory (a CUDA OOM in a step)."""
+
+
+class EngineRequestError(EngineError):
+    """The engine refused this one request (client-side problem); the engine itself is fine."""
+
+
+class AdapterUnavailable(EngineRequestError):
+    """The request's LoRA adapter failed to load on this instance; the others still serve."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat conversation rendered with the model's chat template, and its token ids."""
+
+    text: str
+    token_ids: Sequence[int]
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length in the served model's tokens."""
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling parameters the gateway passes through (a subset of vLLM's SamplingParams)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter as the engine needs it (vLLM: ``LoRARequest(name, int_id, path)``)."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+class GenerationDelta(NamedTuple):
+    """New output since the previous delta; ``finish_reason`` is set on the last one only.
+
+    (A NamedTuple: one is made per generated token, so it must be cheap.)
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """The engine's real KV-cache pool: ``num_blocks`` blocks of ``block_size`` tokens."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the whole pool holds."""
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine scheduler (vLLM: SchedulerStats)."""
+
+    kv_cache_usage: float
+    """Share of KV blocks in use, 0-1 (vLLM ``kv_cache_usage``)."""
+    num_running: int
+    num_waiting: int
+    num_preemptions_total: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """What the gateway needs from an engine. Implementations must be safe on one event loop."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Build the engine (load weights, size the KV pool). Raises EngineError on failure."""
+        ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt: RenderedPrompt,
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[GenerationDelta]:
+        """Stream deltas for one request. Raises EngineDead / EngineRequestError while iterating."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request (client went away); unknown ids are ignored."""
+        ...
+
+    def kv_capacity(self) -> KvCapacity:
+        """The KV pool the started engine really has."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Current scheduler statistics (cheap; never waits on the engine)."""
+        ...
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine has died (fail-stop)."""
+        ...
+
+    @property
+    def dead_error(self) -> EngineDead | None:
+        """The error that killed the engine, if it is dead."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Release the engine's resources; safe to call on a dead engine and more than once."""
+        ...
+
+
+@runtime_checkable
+class SupportsAdapterStatus(Protocol):
+    """Engines that report, per LoRA adapter, whether it loaded (shown in /ping's body)."""
+
+    def adapter_status(self) -> dict[str, str]:
+        """``{adapter name: "loaded" | "failed: <reason>" | "not loaded"}``."""
+        ...
+
+
+@runtime_checkable
+class SupportsFaultInjection(Protocol):
+    """Engines that can be told to die of an OOM on purpose (the simulator, in test mode)."""
+
+    def inject_oom(self, reason: str = "injected") -> None:
+        """Make the next engine step fail with an out-of-memory error."""
+        ...

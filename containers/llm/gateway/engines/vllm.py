@@ -1,0 +1,450 @@
+"""The vLLM 0.33 engine behind the gateway: ``AsyncLLM`` in this process, its core in a child.
+
+What this adapter owns (FACTS.md, vLLM 0.33):
+
+* **Engine arguments** — ``AsyncEngineArgs`` from the container's ``ENGINE_*`` settings (the GPU
+  budget's plan, set by the stack), with the model directory SageMaker unpacked to.
+* **Start** — ``AsyncLLM.from_engine_args`` runs in a worker thread (weight loading, profiling
+  and CUDA-graph capture take minutes; /ping must keep answering). The KV pool the engine really
+  got (``vllm_config.cache_config.num_gpu_blocks`` × ``block_size``) is what admission uses.
+* **LoRA adapters** — registered up front with ``add_lora`` under the stable integer ids the
+  router assigns (position in ``GATEWAY_ADAPTERS``, from 1); one that fails to load is reported
+  in :meth:`VllmEngine.adapter_status` and the others keep serving.
+* **Generation** — the gateway renders the prompt with the model's own tokenizer and chat
+  template and passes the token ids (``TokensPrompt``), so what the context budget counted is
+  exactly what the engine sees; deltas stream with ``RequestOutputKind.DELTA``.
+* **Errors** — ``EngineDeadError`` (the engine core died, e.g. a CUDA OOM in a step) becomes
+  :class:`EngineDead`, or :class:`EngineOutOfMemory` when the cause was an out-of-memory error;
+  ``torch.OutOfMemoryError`` raised in this process becomes :class:`EngineOutOfMemory`;
+  ``VLLMValidationError`` / ``ValueError`` for one request becomes :class:`EngineRequestError`.
+  There is no restart API: :meth:`shutdown` releases the dead engine and the gateway's
+  supervisor builds a new :class:`VllmEngine` in the same process.
+* **Stats** — a ``StatLoggerBase`` subclass registered through ``stat_loggers`` keeps the last
+  ``SchedulerStats`` (KV usage, running, waiting) and counts preemptions.
+
+Everything vLLM is reached through :class:`VllmApi`, so the tests replace vLLM's classes at this
+one boundary and exercise the rest without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.engines.base import (
+    AdapterRef,
+    AdapterUnavailable,
+    EngineDead,
+    EngineError,
+    EngineOutOfMemory,
+    EngineRequestError,
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    KvCapacity,
+    RenderedPrompt,
+    SamplingParams,
+)
+from gateway.settings import Settings
+
+LOG = logging.getLogger("gateway.engines.vllm")
+
+ENGINE_ARG_FIELDS: tuple[str, ...] = (
+    "max_model_len",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "max_num_queued_reqs",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
+    "max_cpu_loras",
+    "num_gpu_blocks_override",
+    "model",
+    "tokenizer",
+    "served_model_name",
+    "disable_log_stats",
+    "enable_log_requests",
+)
+"""Every ``EngineArgs`` field this adapter may set (checked against vLLM's source by the tests)."""
+
+ASYNC_LLM_MEMBERS: tuple[str, ...] = (
+    "from_engine_args",
+    "generate",
+    "abort",
+    "add_lora",
+    "shutdown",
+    "get_tokenizer",
+    "errored",
+    "dead_error",
+    "vllm_config",
+)
+"""Every ``AsyncLLM`` member this adapter touches (checked against vLLM's source by the tests)."""
+
+GENERATE_KEYWORDS: tuple[str, ...] = ("lora_request",)
+"""Keyword arguments this adapter passes to ``AsyncLLM.generate`` besides the positional ones."""
+
+OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The vLLM (and torch) names this adapter uses, imported at one place."""
+
+    AsyncEngineArgs: Any
+    AsyncLLM: Any
+    SamplingParams: Any
+    RequestOutputKind: Any
+    LoRARequest: Any
+    TokensPrompt: Any
+    StatLoggerBase: Any
+    EngineDeadError: type[BaseException]
+    ValidationErrors: tuple[type[BaseException], ...]
+    OutOfMemoryErrors: tuple[type[BaseException], ...]
+
+
+def load_vllm_api() -> VllmApi:
+    """Import vLLM 0.33 and torch (only in the serving image, on a GPU host)."""
+    import torch
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    return VllmApi(
+        AsyncEngineArgs=AsyncEngineArgs,
+        AsyncLLM=AsyncLLM,
+        SamplingParams=SamplingParams,
+        RequestOutputKind=RequestOutputKind,
+        LoRARequest=LoRARequest,
+        TokensPrompt=TokensPrompt,
+        StatLoggerBase=StatLoggerBase,
+        EngineDeadError=EngineDeadError,
+        ValidationErrors=(VLLMValidationError,),
+        OutOfMemoryErrors=(torch.OutOfMemoryError,),
+    )
+
+
+def engine_arguments(settings: Settings) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments from the validated settings.
+
+    ``num_gpu_blocks_override`` is set only when ``ENGINE_NUM_GPU_BLOCKS`` is (an operator's
+    escape hatch: it replaces vLLM's own profiling). LoRA arguments only with adapters.
+    """
+    engine_settings = settings.engine
+    gateway = settings.gateway
+    args: dict[str, Any] = {
+        "model": str(gateway.model_dir),
+        "tokenizer": str(gateway.model_dir),
+        "served_model_name": gateway.served_model_name,
+        "max_model_len": engine_settings.max_model_len,
+        "block_size": engine_settings.block_size,
+        "max_num_seqs": engine_settings.max_num_seqs,
+        "max_num_batched_tokens": engine_settings.max_num_batched_tokens,
+        "gpu_memory_utilization": engine_settings.gpu_memory_utilization,
+        "tensor_parallel_size": engine_settings.tensor_parallel_size,
+        "dtype": engine_settings.dtype,
+        "kv_cache_dtype": engine_settings.kv_cache_dtype,
+        "quantization": engine_settings.quantization,
+        "enable_prefix_caching": engine_settings.enable_prefix_caching,
+        "enforce_eager": engine_settings.enforce_eager,
+        "max_num_queued_reqs": engine_settings.max_num_queued_reqs,
+        "disable_log_stats": False,  # our stat logger needs the scheduler stats
+        "enable_log_requests": False,  # prompts are customer data: never in the logs
+    }
+    if engine_settings.num_gpu_blocks is not None:
+        args["num_gpu_blocks_override"] = engine_settings.num_gpu_blocks
+    lora_on = engine_settings.enable_lora and bool(gateway.adapters)
+    args["enable_lora"] = lora_on
+    if lora_on:
+        args["max_loras"] = engine_settings.max_loras
+        args["max_lora_rank"] = engine_settings.max_lora_rank
+        if engine_settings.max_cpu_loras is not None:
+            args["max_cpu_loras"] = engine_settings.max_cpu_loras
+    unknown = sorted(set(args) - set(ENGINE_ARG_FIELDS))
+    if unknown:  # pragma: no cover - guards edits to this function
+        raise RuntimeError(f"engine_arguments sets undeclared fields {unknown}")
+    return {name: value for name, value in args.items() if value is not None}
+
+
+@dataclass
+class _SchedulerSnapshot:
+    """What the stat logger last saw (written on the engine's output thread, read anywhere)."""
+
+    kv_cache_usage: float = 0.0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preemptions_total: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def stat_logger_factory(api: VllmApi, snapshot: _SchedulerSnapshot) -> Callable[..., Any]:
+    """A ``stat_loggers`` entry: builds a ``StatLoggerBase`` that fills ``snapshot``."""
+
+    class GatewayStatLogger(api.StatLoggerBase):  # type: ignore[name-defined]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+                snapshot.num_running = int(scheduler_stats.num_running_reqs)
+                snapshot.num_waiting = int(scheduler_stats.num_waiting_reqs)
+            if iteration_stats is not None:
+                snapshot.num_preemptions_total += int(
+                    getattr(iteration_stats, "num_preempted_reqs", 0)
+                )
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    def factory(vllm_config: Any, engine_index: int = 0) -> Any:
+        return GatewayStatLogger(vllm_config, engine_index)
+
+    return factory
+
+
+def _finish_reason(value: str | None) -> FinishReason | None:
+    if value is None:
+        return None
+    if value in ("stop", "length", "abort"):
+        return value  # type: ignore[return-value]
+    return "stop"
+
+
+def _is_oom(error: BaseException, api: VllmApi) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, api.OutOfMemoryErrors):
+            return True
+        if any(marker in str(current).lower() for marker in OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class VllmEngine:
+    """:class:`~gateway.engines.base.InferenceEngine` on vLLM's ``AsyncLLM``."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        adapters: Sequence[AdapterRef] = (),
+        api_loader: Callable[[], VllmApi] = load_vllm_api,
+        run_blocking: Callable[..., Any] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._arguments = engine_arguments(settings)
+        self._adapters = tuple(adapters)
+        self._api_loader = api_loader
+        self._run_blocking = run_blocking or asyncio.to_thread
+        self._api: VllmApi | None = None
+        self._engine: Any = None
+        self._capacity: KvCapacity | None = None
+        self._snapshot = _SchedulerSnapshot()
+        self._dead: EngineDead | None = None
+        self._adapter_status: dict[str, str] = {a.name: "not loaded" for a in self._adapters}
+        self._lora_requests: dict[str, Any] = {}
+
+    @property
+    def arguments(self) -> Mapping[str, Any]:
+        """The ``AsyncEngineArgs`` keyword arguments this engine starts with."""
+        return dict(self._arguments)
+
+    async def start(self) -> None:
+        """Build ``AsyncLLM`` off the event loop, read its KV pool, register the adapters."""
+        try:
+            api = self._api = self._api_loader()
+        except ImportError as error:
+            raise EngineError(f"vLLM is not installed in this image: {error}") from error
+        engine_args = api.AsyncEngineArgs(**self._arguments)
+        try:
+            self._engine = await self._run_blocking(
+                api.AsyncLLM.from_engine_args,
+                engine_args,
+                stat_loggers=[stat_logger_factory(api, self._snapshot)],
+            )
+        except BaseException as error:
+            if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
+                raise
+            if _is_oom(error, api):
+                raise EngineOutOfMemory(f"vLLM ran out of GPU memory while starting: {error}") \
+                    from error
+            raise EngineError(f"vLLM failed to start: {type(error).__name__}: {error}") \
+                from error
+        cache = self._engine.vllm_config.cache_config
+        if not cache.num_gpu_blocks:
+            raise EngineError("vLLM started without a KV cache (cache_config.num_gpu_blocks=0)")
+        self._capacity = KvCapacity(num_blocks=int(cache.num_gpu_blocks),
+                                    block_size=int(cache.block_size))
+        LOG.info("vLLM engine started: %d KV blocks of %d tokens", cache.num_gpu_blocks,
+                 cache.block_size)
+        await self._register_adapters(api)
+
+    async def _register_adapters(self, api: VllmApi) -> None:
+        for adapter in self._adapters:
+            request = api.LoRARequest(lora_name=adapter.name, lora_int_id=adapter.int_id,
+                                      lora_path=adapter.path)
+            try:
+                loaded = await self._engine.add_lora(request)
+            except Exception as error:  # one broken adapter must not stop the others
+                self._adapter_status[adapter.name] = f"failed: {type(error).__name__}: {error}"
+                LOG.error("LoRA adapter %s (id %d, %s) failed to load: %s", adapter.name,
+                          adapter.int_id, adapter.path, error)
+                continue
+            if loaded is False:
+                self._adapter_status[adapter.name] = "failed: add_lora returned False"
+                continue
+            self._adapter_status[adapter.name] = "loaded"
+            self._lora_requests[adapter.name] = request
+
+    def adapter_status(self) -> dict[str, str]:
+        """``{adapter name: "loaded" | "failed: <reason>" | "not loaded"}``."""
+        return dict(self._adapter_status)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: RenderedPrompt,
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[GenerationDelta]:
+        """Stream deltas for one request, translating vLLM's errors into ours."""
+        api, async_llm = self._require_running()
+        lora_request = None
+        if adapter is not None:
+            lora_request = self._lora_requests.get(adapter.name)
+            if lora_request is None:
+                status = self._adapter_status.get(adapter.name, "not configured")
+                raise AdapterUnavailable(f"adapter {adapter.name!r} is not available ({status})")
+        sampling = api.SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            output_kind=api.RequestOutputKind.DELTA,
+        )
+        engine_prompt = api.TokensPrompt(prompt_token_ids=list(prompt.token_ids))
+        try:
+            async for output in async_llm.generate(engine_prompt, sampling, request_id,
+                                                   lora_request=lora_request):
+                completion = output.outputs[0]
+                yield GenerationDelta(
+                    text=completion.text,
+                    token_ids=tuple(completion.token_ids),
+                    finish_reason=_finish_reason(completion.finish_reason)
+                    if output.finished else None,
+                )
+        except api.EngineDeadError as error:
+            raise self._died(error) from error
+        except api.OutOfMemoryErrors as error:
+            raise self._died(error) from error
+        except api.ValidationErrors as error:
+            raise EngineRequestError(str(error)) from error
+        except ValueError as error:  # vLLM raises plain ValueError for some bad requests
+            if async_llm.errored:
+                raise self._died(error) from error
+            raise EngineRequestError(str(error)) from error
+
+    def _require_running(self) -> tuple[VllmApi, Any]:
+        if self._dead is not None:
+            raise self._dead
+        if self._engine is None or self._api is None:
+            raise EngineError("the vLLM engine has not been started")
+        if self._engine.errored:
+            raise self._died(self._engine.dead_error)
+        return self._api, self._engine
+
+    def _died(self, error: BaseException | None) -> EngineDead:
+        if self._dead is None:
+            assert self._api is not None
+            reason = f"{type(error).__name__}: {error}" if error is not None else "engine died"
+            cause = error.__cause__ if error is not None else None
+            if cause is not None:  # EngineDeadError wraps what really happened in the core
+                reason += f" (caused by {type(cause).__name__}: {cause})"
+            oom = error is not None and _is_oom(error, self._api)
+            self._dead = (EngineOutOfMemory if oom else EngineDead)(f"vLLM engine died: {reason}")
+        return self._dead
+
+    async def abort(self, request_id: str) -> None:
+        """Abort one request; harmless if it finished or the engine is dead."""
+        if self._engine is None or self._dead is not None:
+            return
+        with contextlib.suppress(Exception):
+            await self._engine.abort(request_id)
+
+    def kv_capacity(self) -> KvCapacity:
+        """The KV pool vLLM allocated."""
+        if self._capacity is None:
+            raise EngineError("the vLLM engine has not been started")
+        return self._capacity
+
+    def stats(self) -> EngineStats:
+        """The stat logger's last view of the scheduler."""
+        snap = self._snapshot
+        return EngineStats(kv_cache_usage=snap.kv_cache_usage, num_running=snap.num_running,
+                           num_waiting=snap.num_waiting,
+                           num_preemptions_total=snap.num_preemptions_total,
+                           extra=dict(snap.extra))
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine core has died (fail-stop)."""
+        if self._dead is not None:
+            return True
+        if self._engine is not None and self._engine.errored:
+            self._died(self._engine.dead_error)
+            return True
+        return False
+
+    @property
+    def dead_error(self) -> EngineDead | None:
+        """The error that killed the engine."""
+        return self._dead if self.is_dead else None
+
+    async def shutdown(self) -> None:
+        """Shut the engine (and its core process) down; safe on a dead engine, idempotent."""
+        async_llm, self._engine = self._engine, None
+        if async_llm is None:
+            return
+        try:
+            await self._run_blocking(async_llm.shutdown)
+        except Exception as error:  # a dead core may already be gone
+            LOG.warning("vLLM shutdown raised %s: %s", type(error).__name__, error)
+
+
+def from_settings(settings: Settings) -> VllmEngine:
+    """The ``--engine vllm`` builder."""
+    from gateway.routing import adapter_refs
+
+    refs = adapter_refs(settings.gateway.adapters, settings.gateway.adapters_dir)
+    return VllmEngine(settings, adapters=tuple(refs.values()))

@@ -1,0 +1,498 @@
+"""The request path, independent of HTTP: validate → route → budget → admit → generate → contain.
+
+:class:`ChatService` turns a parsed :class:`ChatCompletionRequest` into a stream of
+:class:`TextEvent` and one closing :class:`FinishEvent`. Every failure that is the caller's
+fault is an :class:`ApiError` (a 4xx naming the field); shedding is an ApiError 429/503 with
+Retry-After; an engine death or OOM becomes a fallback FinishEvent (and a breaker trip through
+the supervisor) — never an exception that could reach the client as a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from array import array
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.admission import (
+    AdmissionController,
+    AdmissionRejected,
+    KvReservation,
+    LengthBucket,
+    RefusalReason,
+    classify_bucket,
+)
+from gateway.api_schema import ChatCompletionRequest
+from gateway.breaker import BreakerState, CircuitBreaker
+from gateway.context_budget import BudgetError, BudgetMessage, ContextPlan, plan_context
+from gateway.engines.base import (
+    AdapterUnavailable,
+    EngineDead,
+    EngineOutOfMemory,
+    EngineRequestError,
+    InferenceEngine,
+    RenderedPrompt,
+    SamplingParams,
+)
+from gateway.routing import AdapterRouter, RouteDecision, UnknownModel
+from gateway.settings import Settings
+from gateway.supervisor import EngineSupervisor
+from gateway.telemetry import RequestRecord, Telemetry
+from gateway.tokenizer import ChatTemplateError, ChatTokenizer, ChatTurn
+
+MARKER_TEMPLATE = "[earlier conversation truncated — {count} turns not shown]"
+RAG_HEADER = "Reference information (retrieved for the current question):"
+_NOTICES = {
+    "en": "Earlier conversation truncated — {count} turns not shown.",
+    "ja": "以前の会話の一部（{count}件）は省略されています。",
+}
+_FALLBACK_TEXT = {
+    "engine": {
+        "en": "I need to start a fresh context for this conversation. Could you repeat your "
+              "last question?",
+        "ja": "申し訳ありません、この会話は新しいコンテキストで始め直す必要があります。"
+              "もう一度ご質問をお願いできますか？",
+    },
+    "breaker_open_xl": {
+        "en": "This conversation has grown too long for me to keep in mind right now — let's "
+              "start a fresh context. Could you summarize what you are looking for?",
+        "ja": "会話が長くなったため、いったん新しいコンテキストで始めさせてください。"
+              "お探しの内容を簡単に教えていただけますか？",
+    },
+}
+
+
+class ApiError(Exception):
+    """A request the gateway answers with an OpenAI-style error (never 5xx for bad input)."""
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type_ = type_
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    """Generated text (the engine's delta)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """The end of an answer; ``fallback`` is set when the text is our fallback message."""
+
+    finish_reason: str
+    fallback: dict[str, str] | None = None
+    fallback_text: str | None = None
+    deadline_exceeded: bool = False
+
+
+@dataclass
+class PreparedChat:
+    """A validated, routed and budgeted request, ready for admission."""
+
+    request: ChatCompletionRequest
+    record: RequestRecord
+    route: RouteDecision
+    params: SamplingParams
+    plan: ContextPlan
+    prompt: RenderedPrompt
+    bucket: LengthBucket
+    breaker_state: BreakerState
+    context_factor: float
+    language: str
+    reserved_tokens: int
+    extension: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Admission:
+    """An admitted request: its KV reservation and the engine generation it runs on."""
+
+    reservation: KvReservation
+    engine: InferenceEngine
+    generation: int
+    admitted_at: float
+
+
+def _stripped(content: str) -> str:
+    """Content without surrounding whitespace (the template trims it; copy only if needed)."""
+    if content and (content[0].isspace() or content[-1].isspace()):
+        return content.strip()
+    return content
+
+
+def language_of(locale: str | None) -> str:
+    """'ja' for Japanese locales, else 'en' (the languages of our fixed texts)."""
+    return "ja" if locale is not None and locale.lower().startswith("ja") else "en"
+
+
+def fallback_text(kind: str, language: str) -> str:
+    """The controlled fallback answer (``engine`` or ``breaker_open_xl``) in the language."""
+    return _FALLBACK_TEXT[kind][language]
+
+
+class ChatService:
+    """The request path (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tokenizer: ChatTokenizer,
+        router: AdapterRouter,
+        admission: AdmissionController,
+        breaker: CircuitBreaker,
+        supervisor: EngineSupervisor,
+        telemetry: Telemetry,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.router = router
+        self.admission = admission
+        self.breaker = breaker
+        self.supervisor = supervisor
+        self.telemetry = telemetry
+        self.clock = clock
+        self._system_overhead = tokenizer.overhead.for_role("system")
+        self._role_overhead = {role: tokenizer.overhead.for_role(role)
+                               for role in ("system", "user", "assistant")}
+        self._rag_header_tokens = tokenizer.count([RAG_HEADER])[0]
+
+    # --- validate, route, budget ---
+    def prepare(self, request: ChatCompletionRequest, record: RequestRecord) -> PreparedChat:
+        """Everything up to admission; ApiError (4xx) for anything the caller must fix."""
+        gateway = self.settings.gateway
+        messages = request.messages
+        extension = request.mangaassist
+        record.intent = extension.intent if extension else None
+        record.locale = extension.locale if extension else None
+        if len(messages) > gateway.max_messages:
+            raise ApiError(400, f"messages: {len(messages)} messages, at most "
+                                f"{gateway.max_messages} are accepted", param="messages")
+        last = len(messages) - 1
+        if messages[last].role != "user":
+            raise ApiError(400, f"messages[{last}].role: the last message must be the user's "
+                                f"current message, got {messages[last].role!r}",
+                           param=f"messages[{last}].role")
+        if not messages[last].content.strip():
+            raise ApiError(400, f"messages[{last}].content: the current message is empty",
+                           param=f"messages[{last}].content")
+        pinned = self._pinned(extension.pinned_messages if extension else [], last)
+
+        try:
+            route = self.router.resolve(request.model, record.intent, record.locale)
+        except UnknownModel as error:
+            raise ApiError(404, str(error), param="model", code="model_not_found") from None
+        record.served_name = route.served_name
+        record.route_reason = route.reason
+
+        max_output = self._max_output_tokens(request)
+        now = self.clock()
+        breaker_state = self.breaker.state(now)
+        context_factor = self.breaker.context_factor(now)
+        record.breaker_state = breaker_state.value
+
+        roles: list[str] = []
+        contents: list[str] = []
+        for message in messages:
+            roles.append("system" if message.role == "developer" else message.role)
+            contents.append(_stripped(message.content))
+        rag_lines = [f"- {chunk.strip()}" for chunk in (extension.rag_context if extension else [])
+                     if chunk.strip()]
+        ids = self.tokenizer.content_ids(contents + rag_lines)
+        overhead = self._role_overhead
+        budget_messages = [BudgetMessage(index, role, len(ids[index]) + overhead[role],
+                                         index in pinned)
+                           for index, role in enumerate(roles)]
+        rag_tokens = [len(line_ids) + 1 for line_ids in ids[len(roles):]]  # +1: line break
+        plan, prompt = self._fit(budget_messages, roles, contents, ids, rag_lines, rag_tokens,
+                                 max_output, context_factor)
+        reserved = prompt.num_tokens + max_output
+        bucket = classify_bucket(reserved, gateway.buckets.bounds)
+        record.bucket = bucket.value
+        record.prompt_tokens = prompt.num_tokens
+        record.truncated = plan.truncated
+        record.dropped_turns = plan.dropped_turns
+        record.rag_chunks_dropped = plan.rag_chunks_dropped
+        language = language_of(record.locale)
+        stop = request.stop
+        params = SamplingParams(
+            max_tokens=max_output,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            seed=request.seed,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+        )
+        prepared = PreparedChat(
+            request=request, record=record, route=route, params=params, plan=plan,
+            prompt=prompt, bucket=bucket, breaker_state=breaker_state,
+            context_factor=context_factor, language=language, reserved_tokens=reserved,
+        )
+        prepared.extension = self._extension(prepared)
+        return prepared
+
+    def _pinned(self, indices: Sequence[int], last: int) -> set[int]:
+        pinned: set[int] = set()
+        for position, index in enumerate(indices):
+            if index >= last:
+                earlier = f"0..{last - 1}" if last else "there is none"
+                raise ApiError(400, f"mangaassist.pinned_messages[{position}]: {index} is not the "
+                                    f"index of an earlier message ({earlier}); the current "
+                                    "message is always kept",
+                               param=f"mangaassist.pinned_messages[{position}]")
+            pinned.add(index)
+        return pinned
+
+    def _max_output_tokens(self, request: ChatCompletionRequest) -> int:
+        engine = self.settings.engine
+        if (request.max_tokens is not None and request.max_completion_tokens is not None
+                and request.max_tokens != request.max_completion_tokens):
+            raise ApiError(400, f"max_tokens={request.max_tokens} and max_completion_tokens="
+                                f"{request.max_completion_tokens} disagree; send one of them",
+                           param="max_completion_tokens")
+        requested = request.max_completion_tokens or request.max_tokens
+        if requested is None:
+            return int(self.settings.gateway.context_split.output * engine.max_model_len)
+        name = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        if requested >= engine.max_model_len:
+            raise ApiError(400, f"{name}={requested}: must be below the context window "
+                                f"(max_model_len={engine.max_model_len}) to leave room for the "
+                                "prompt", param=name)
+        return requested
+
+    def _marker_tokens(self, count: int) -> int:
+        return (self.tokenizer.count([MARKER_TEMPLATE.format(count=count)])[0]
+                + self._system_overhead)
+
+    def _fit(self, messages: list[BudgetMessage], roles: list[str], contents: list[str],
+             ids: list[array[int]], rag_lines: list[str], rag_tokens: list[int],
+             max_output: int, context_factor: float) -> tuple[ContextPlan, RenderedPrompt]:
+        engine = self.settings.engine
+        limit = engine.max_model_len - max_output
+        reserve = 0
+        for _ in range(8):
+            try:
+                plan = plan_context(
+                    messages, max_model_len=engine.max_model_len, max_output_tokens=max_output,
+                    split=self.settings.gateway.context_split,
+                    fixed_overhead_tokens=self.tokenizer.overhead.fixed_tokens,
+                    marker_tokens=self._marker_tokens, rag_chunk_tokens=rag_tokens,
+                    rag_overhead_tokens=self._system_overhead + self._rag_header_tokens,
+                    context_factor=context_factor, reserve_tokens=reserve,
+                )
+            except BudgetError as error:
+                raise ApiError(400, str(error), param=error.param,
+                               code="context_length_exceeded") from None
+            final_turns, known_ids = self._assemble(plan, roles, contents, ids, rag_lines)
+            try:
+                prompt = self.tokenizer.render_prompt(final_turns, known_ids=known_ids)
+            except ChatTemplateError as error:
+                raise ApiError(400, f"messages: the model's chat template rejected the "
+                                    f"conversation: {error}", param="messages") from None
+            if prompt.num_tokens <= limit:
+                return plan, prompt
+            reserve += prompt.num_tokens - limit  # the estimate was short; tighten and re-plan
+        raise ApiError(400, "messages: the conversation could not be fitted into the context "
+                            "window", param="messages", code="context_length_exceeded")
+
+    @staticmethod
+    def _assemble(plan: ContextPlan, roles: list[str], contents: list[str],
+                  ids: list[array[int]], rag_lines: list[str]
+                  ) -> tuple[list[ChatTurn], list[array[int] | None]]:
+        """The turns sent to the engine (marker and RAG message added), with known content ids."""
+        current = len(roles) - 1
+        result: list[ChatTurn] = []
+        known: list[array[int] | None] = []
+        marker: ChatTurn | None = None
+        first_dropped = -1
+        if plan.dropped_indices:  # oldest first; the marker takes the first one's place
+            first_dropped = plan.dropped_indices[0]
+            marker = ChatTurn("system", MARKER_TEMPLATE.format(count=plan.dropped_turns))
+        for index in plan.kept_indices:
+            if marker is not None and index > first_dropped:
+                result.append(marker)
+                known.append(None)
+                marker = None
+            if index == current and plan.rag_chunks_kept:
+                lines = "\n".join(rag_lines[:plan.rag_chunks_kept])
+                result.append(ChatTurn("system", f"{RAG_HEADER}\n{lines}"))
+                known.append(None)
+            result.append(ChatTurn(roles[index], contents[index]))
+            known.append(ids[index])
+        return result, known
+
+    def _extension(self, prepared: PreparedChat) -> dict[str, Any]:
+        plan = prepared.plan
+        notice = (_NOTICES[prepared.language].format(count=plan.dropped_turns)
+                  if plan.truncated else None)
+        return {
+            "adapter": prepared.route.adapter.name if prepared.route.adapter else None,
+            "route": prepared.route.reason,
+            "bucket": prepared.bucket.value,
+            "breaker": prepared.breaker_state.value,
+            "fallback": None,
+            "deadline_exceeded": False,
+            "context": {
+                "prompt_tokens": prepared.prompt.num_tokens,
+                "prompt_budget_tokens": plan.prompt_budget_tokens,
+                "history_budget_tokens": plan.history_budget_tokens,
+                "max_output_tokens": plan.max_output_tokens,
+                "template_overhead_tokens": plan.fixed_overhead_tokens,
+                "kept_messages": list(plan.kept_indices),
+                "dropped_messages": list(plan.dropped_indices),
+                "dropped_turns": plan.dropped_turns,
+                "truncated": plan.truncated,
+                "truncation_notice": notice,
+                "rag_chunks_kept": plan.rag_chunks_kept,
+                "rag_chunks_dropped": plan.rag_chunks_dropped,
+                "context_factor": prepared.context_factor,
+            },
+        }
+
+    # --- admit ---
+    def refuses_as_xl(self, prepared: PreparedChat) -> bool:
+        """True when the breaker answers this XL request with the fresh-context fallback."""
+        return prepared.bucket is LengthBucket.XL and self.breaker.refuses_xl(self.clock())
+
+    async def admit(self, prepared: PreparedChat) -> Admission:
+        """Wait (bounded) for a ready engine and a KV reservation; ApiError 429/503 if none."""
+        gateway = self.settings.gateway
+        record = prepared.record
+        started = self.clock()
+        deadline = record.started + gateway.request_deadline_s
+        wait_s = max(0.0, min(gateway.admission_wait_s, deadline - started))
+        retry = {"Retry-After": str(gateway.retry_after_s)}
+        engine = await self.supervisor.wait_ready(wait_s)
+        if engine is None:
+            record.queue_wait_s = self.clock() - started
+            raise ApiError(503, f"the inference engine is {self.supervisor.phase.value}; retry "
+                                f"in {gateway.retry_after_s} s", type_="service_unavailable",
+                           code="engine_unavailable", headers=retry)
+        generation = self.supervisor.generation
+        remaining = max(0.0, wait_s - (self.clock() - started))
+        try:
+            reservation = await self.admission.acquire(
+                prepared.bucket, prepared.reserved_tokens, wait_s=remaining,
+                max_total_inflight=lambda: self.breaker.max_inflight(self.clock()),
+            )
+        except AdmissionRejected as rejected:
+            record.queue_wait_s = self.clock() - started
+            if rejected.reason in (RefusalReason.KV_WATERMARK, RefusalReason.BUCKET_CAP):
+                raise ApiError(
+                    429, f"the gateway is at capacity for {rejected.bucket.value} requests "
+                         f"({rejected.reason.value}); retry in {gateway.retry_after_s} s",
+                    type_="rate_limit_error", code=rejected.reason.value, headers=retry,
+                ) from None
+            raise ApiError(503, f"the gateway is recovering from an engine failure "
+                                f"({rejected.reason.value}); retry in {gateway.retry_after_s} s",
+                           type_="service_unavailable", code=rejected.reason.value,
+                           headers=retry) from None
+        now = self.clock()
+        record.queue_wait_s = now - started
+        if self.supervisor.engine is not engine or self.supervisor.generation != generation:
+            # The engine died while this request waited for KV room: try the new one later.
+            self.admission.release(reservation)
+            raise ApiError(503, "the inference engine restarted while the request waited; "
+                                f"retry in {gateway.retry_after_s} s",
+                           type_="service_unavailable", code="engine_unavailable", headers=retry)
+        return Admission(reservation=reservation, engine=engine, generation=generation,
+                         admitted_at=now)
+
+    # --- generate and contain ---
+    async def run(self, prepared: PreparedChat, admission: Admission
+                  ) -> AsyncGenerator[TextEvent | FinishEvent, None]:
+        """Generate; yields text events and one FinishEvent. Releases the reservation."""
+        record = prepared.record
+        record.reached_engine = True
+        record.engine_generation = admission.generation
+        engine = admission.engine
+        request_id = record.request_id
+        loop = asyncio.get_running_loop()
+        deadline_hit = False
+        abort_tasks: list[asyncio.Task[None]] = []
+
+        def on_deadline() -> None:
+            nonlocal deadline_hit
+            deadline_hit = True
+            abort_tasks.append(loop.create_task(engine.abort(request_id)))
+
+        remaining = record.started + self.settings.gateway.request_deadline_s - self.clock()
+        timer = loop.call_later(max(0.0, remaining), on_deadline)
+        finish_reason = "stop"
+        try:
+            stream = engine.generate(request_id, prepared.prompt, prepared.params,
+                                     prepared.route.adapter)
+            try:
+                async for delta in stream:
+                    if record.ttft_s is None and delta.token_ids:
+                        record.ttft_s = self.clock() - admission.admitted_at
+                    record.completion_tokens += len(delta.token_ids)
+                    if delta.text:
+                        yield TextEvent(delta.text)
+                    if delta.finish_reason is not None:
+                        finish_reason = delta.finish_reason
+            finally:
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
+            if deadline_hit:
+                record.finish_reason = "length"
+                yield FinishEvent("length", deadline_exceeded=True)
+                return
+            self.breaker.record_success(self.clock())
+            record.finish_reason = "length" if finish_reason == "length" else "stop"
+            yield FinishEvent(record.finish_reason)
+        except AdapterUnavailable as error:
+            raise ApiError(503, f"{error}; other models keep serving on this instance",
+                           type_="service_unavailable", param="model",
+                           code="adapter_unavailable",
+                           headers={"Retry-After": str(self.settings.gateway.retry_after_s)}
+                           ) from None
+        except EngineRequestError as error:
+            raise ApiError(400, f"the engine refused the request: {error}",
+                           param="messages") from None
+        except EngineDead as error:
+            self.supervisor.report_death(admission.generation, error)
+            reason = ("engine_out_of_memory" if isinstance(error, EngineOutOfMemory)
+                      else "engine_dead")
+            yield self._fallback(record, reason, str(error), prepared.language)
+        except Exception as error:  # EngineError, or anything unexpected from an engine: contain
+            self.telemetry.log("engine_error", level="error", request_id=request_id,
+                               error=repr(error)[:500])
+            yield self._fallback(record, "engine_error", str(error), prepared.language)
+        finally:
+            timer.cancel()
+            self.admission.release(admission.reservation)
+
+    def _fallback(self, record: RequestRecord, reason: str, detail: str,
+                  language: str) -> FinishEvent:
+        record.outcome = "fallback"
+        record.fallback_reason = reason
+        record.finish_reason = "stop"
+        kind = "breaker_open_xl" if reason == "breaker_open_xl" else "engine"
+        return FinishEvent("stop", fallback={"reason": reason, "detail": detail[:500]},
+                           fallback_text=fallback_text(kind, language))
+
+    def xl_fallback(self, prepared: PreparedChat) -> FinishEvent:
+        """The fresh-context answer for an XL request while the breaker is not closed."""
+        return self._fallback(
+            prepared.record, "breaker_open_xl",
+            f"the circuit breaker is {prepared.breaker_state.value}; requests of "
+            f"{prepared.reserved_tokens} tokens (bucket XL) start a fresh context",
+            prepared.language,
+        )

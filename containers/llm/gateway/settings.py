@@ -1,0 +1,624 @@
+"""Gateway and engine settings, read from environment variables and validated once at start.
+
+Two prefixes, so nothing collides with vLLM's own ``VLLM_*`` variables:
+
+* ``GATEWAY_*`` — the gateway's own settings (model and adapter locations, routing, context
+  budget, admission, circuit breaker, recovery, metrics, test mode).
+* ``ENGINE_*`` — engine arguments under vLLM's ``EngineArgs`` names, upper-cased
+  (``ENGINE_MAX_MODEL_LEN`` is ``max_model_len``). ``ENGINE_SIM_*`` are the simulator's own knobs.
+
+The CDK stack sets these from the GPU budget. Every variable is declared once in
+:data:`SETTING_SPECS` (name, default, meaning); :func:`load_settings` rejects unknown
+``GATEWAY_*``/``ENGINE_*`` names (a typo must not silently fall back to a default) and reports
+*every* problem in one :class:`SettingsError`, each naming the variable, its value and what is
+accepted. Pure module: it reads a mapping, never the filesystem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from intents import INTENT_LABELS
+
+ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LOCALE_PATTERN = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")
+BASE_ROUTE = "base"
+"""Routing-table value meaning "the base model, no adapter"."""
+AUTO_MODEL = "auto"
+"""``model`` value meaning "route by intent and locale"."""
+SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
+SAGEMAKER_SIGKILL_AFTER_S = 30.0
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+BUCKETS = ("S", "M", "L", "XL")
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; the message lists each, naming variable and value."""
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One environment variable: its name, default (None: optional, unset) and meaning."""
+
+    env: str
+    default: str | None
+    help: str
+
+
+SETTING_SPECS: tuple[SettingSpec, ...] = (
+    # --- where the model is and what it is called ----------------------------------------------
+    SettingSpec("GATEWAY_ENGINE", "vllm",
+                "Engine to run when `serve` gets no --engine: sim or vllm."),
+    SettingSpec("GATEWAY_MODEL_DIR", "/opt/ml/model",
+                "Model directory: tokenizer.json, tokenizer_config.json (chat template), weights."),
+    SettingSpec("GATEWAY_SERVED_MODEL_NAME", "mangaassist-base",
+                "Name of the base model in `model` and in responses."),
+    SettingSpec("GATEWAY_ADAPTERS_DIR", None,
+                "One sub-directory per LoRA adapter (default: MODEL_DIR/adapters)."),
+    SettingSpec("GATEWAY_ADAPTERS", "manga=manga_domain,support=general_support,"
+                "manga-ja=jp_translation",
+                "Served adapter name = sub-directory of the adapters directory, comma-separated."),
+    SettingSpec("GATEWAY_ROUTING_TABLE",
+                "product_question=manga,recommendation=manga,discovery=manga,"
+                "order_tracking=support,return_request=support,escalation=support,"
+                "chitchat=base,faq=base",
+                "intent=adapter (or `base`) when `model` is absent or `auto`; unlisted intents "
+                "use the base model."),
+    SettingSpec("GATEWAY_LOCALE_ROUTES", "ja-JP:manga=manga-ja",
+                "locale:adapter=replacement[,adapter=replacement][;locale:...], applied after "
+                "the routing table."),
+    # --- context budget ---------------------------------------------------------------------------
+    SettingSpec("GATEWAY_CONTEXT_SPLIT", "system=0.125,rag=0.25,history=0.5,output=0.125",
+                "Shares of ENGINE_MAX_MODEL_LEN for system+pinned messages, RAG context, history "
+                "and the default max output (seed 001: 512/1024/2048/512 of 4096)."),
+    SettingSpec("GATEWAY_TOKEN_CACHE_MAX_TOKENS", "2000000",
+                "Bound of the per-message token cache, in cached tokens (LRU)."),
+    SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),
+    SettingSpec("GATEWAY_MAX_BODY_BYTES", "1048576", "Largest request body accepted (413 above)."),
+    # --- admission --------------------------------------------------------------------------------
+    SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
+                "Share of the engine's KV blocks that admitted requests may reserve, (0, 1]."),
+    SettingSpec("GATEWAY_ADMISSION_WAIT_S", "2.0",
+                "How long a request may wait for KV room or a bucket slot before 429."),
+    SettingSpec("GATEWAY_RETRY_AFTER_S", "2", "Retry-After (seconds) on 429/503 answers."),
+    SettingSpec("GATEWAY_BUCKET_BOUNDS", "S=512,M=1024,L=2048",
+                "Upper bounds (prompt + max output tokens) of buckets S, M, L; above L is XL."),
+    SettingSpec("GATEWAY_BUCKET_CAPS", "S=128,M=64,L=32,XL=8",
+                "Concurrent requests allowed per bucket."),
+    SettingSpec("GATEWAY_REQUEST_DEADLINE_S", "50",
+                "Whole-request deadline; must stay below SageMaker's 60 s invoke limit."),
+    # --- circuit breaker and recovery ------------------------------------------------------------
+    SettingSpec("GATEWAY_BREAKER_OPEN_S", "30", "How long the breaker stays open after a trip."),
+    SettingSpec("GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES", "20",
+                "Successful requests in half-open that close the breaker."),
+    SettingSpec("GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT", "4",
+                "Concurrent requests allowed while half-open (the probes)."),
+    SettingSpec("GATEWAY_BREAKER_CONTEXT_FACTOR", "0.5",
+                "Multiplier of the history and RAG budgets while the breaker is not closed."),
+    SettingSpec("GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS", "5",
+                "Attempts to rebuild a dead engine before giving up (/ping turns red)."),
+    SettingSpec("GATEWAY_ENGINE_RESTART_BACKOFF_S", "1.0",
+                "Wait before rebuild attempt n is BACKOFF_S x 2^(n-1)."),
+    SettingSpec("GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S", "30", "Longest wait between attempts."),
+    SettingSpec("GATEWAY_CRASH_LOOP_DEATHS", "3",
+                "Engine deaths within the window that make a crash loop (/ping red)."),
+    SettingSpec("GATEWAY_CRASH_LOOP_WINDOW_S", "600", "Crash-loop window."),
+    SettingSpec("GATEWAY_RECOVERY_GRACE_S", "120",
+                "/ping stays 200 this long while a dead engine is being rebuilt."),
+    SettingSpec("GATEWAY_EXPECTED_KV_TOKENS", None,
+                "KV pool the GPU budget planned; the engine's real pool is compared with it at "
+                "start (a warning beyond 10 %); admission always uses the engine's figure."),
+    SettingSpec("GATEWAY_DRAIN_TIMEOUT_S", "25",
+                "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s)."),
+    # --- metrics and test mode -------------------------------------------------------------------
+    SettingSpec("GATEWAY_METRICS_ENDPOINT_NAME", "local", "EMF dimension EndpointName."),
+    SettingSpec("GATEWAY_METRICS_VARIANT_NAME", "AllTraffic", "EMF dimension VariantName."),
+    SettingSpec("GATEWAY_METRICS_INTERVAL_S", "10",
+                "Period of the KV-usage / queue / breaker-state gauge line."),
+    SettingSpec("GATEWAY_TEST_MODE", "false",
+                "true enables /admin/* (OOM injection). Never set in production."),
+    # --- engine arguments (vLLM EngineArgs names) -------------------------------------------------
+    SettingSpec("ENGINE_MAX_MODEL_LEN", "4096", "Context window, prompt + output tokens."),
+    SettingSpec("ENGINE_BLOCK_SIZE", "16", "Tokens per KV block."),
+    SettingSpec("ENGINE_MAX_NUM_SEQS", "128", "Sequences per engine step."),
+    SettingSpec("ENGINE_MAX_NUM_BATCHED_TOKENS", "8192", "Tokens per engine step."),
+    SettingSpec("ENGINE_GPU_MEMORY_UTILIZATION", "0.85",
+                "Share of GPU memory vLLM may use, (0, 0.95] (ignored by the simulator)."),
+    SettingSpec("ENGINE_MAX_LORAS", "4", "Adapters in one batch."),
+    SettingSpec("ENGINE_MAX_LORA_RANK", "64", "Largest LoRA rank (vLLM's allowed values)."),
+    SettingSpec("ENGINE_MAX_CPU_LORAS", None, "Adapters cached in CPU memory (>= max_loras)."),
+    SettingSpec("ENGINE_ENABLE_LORA", "true", "Serve LoRA adapters."),
+    SettingSpec("ENGINE_TENSOR_PARALLEL_SIZE", "1", "GPUs one model is split over."),
+    SettingSpec("ENGINE_DTYPE", "auto", "Activation dtype (vLLM's dtype)."),
+    SettingSpec("ENGINE_KV_CACHE_DTYPE", "auto", "KV-cache dtype (vLLM's kv_cache_dtype)."),
+    SettingSpec("ENGINE_QUANTIZATION", None,
+                "Weight quantization: awq, awq_marlin, compressed-tensors (unset: none)."),
+    SettingSpec("ENGINE_ENABLE_PREFIX_CACHING", "true", "Reuse KV blocks of shared prefixes."),
+    SettingSpec("ENGINE_ENFORCE_EAGER", "false", "Disable CUDA graphs."),
+    SettingSpec("ENGINE_MAX_NUM_QUEUED_REQS", None,
+                "vLLM's own queue bound (it answers 503 above it)."),
+    SettingSpec("ENGINE_NUM_GPU_BLOCKS", None,
+                "KV pool size in blocks: the simulator's pool (default 2048); for vLLM an "
+                "override of its own profiling (num_gpu_blocks_override)."),
+    SettingSpec("ENGINE_SIM_STEP_TIME_S", "0.0", "Simulator: wall time per engine step."),
+    SettingSpec("ENGINE_SIM_TOKEN_TIME_S", "0.0", "Simulator: extra wall time per batched token."),
+    SettingSpec("ENGINE_SIM_STARTUP_S", "0.0", "Simulator: time `start()` takes (weight load)."),
+    SettingSpec("ENGINE_SIM_OOM_AT_STEP", None,
+                "Simulator: every engine built dies of OOM at this step (a persistent fault)."),
+    SettingSpec("ENGINE_SIM_OOM_BATCHED_TOKENS", None,
+                "Simulator: a step batching at least this many tokens dies of OOM."),
+    SettingSpec("ENGINE_SIM_EOS_PROBABILITY", "0.02",
+                "Simulator: chance per token of ending the answer (finish_reason stop)."),
+    SettingSpec("ENGINE_SIM_SEED", "0", "Simulator: seed of the generated text."),
+)
+_KNOWN = {spec.env: spec for spec in SETTING_SPECS}
+SIM_DEFAULT_NUM_GPU_BLOCKS = 2048
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A served LoRA adapter: the name clients use and its directory name."""
+
+    name: str
+    directory: str
+
+
+@dataclass(frozen=True)
+class ContextSplit:
+    """Shares of max_model_len for system+pinned, RAG, history and the default output."""
+
+    system: float
+    rag: float
+    history: float
+    output: float
+
+
+@dataclass(frozen=True)
+class BucketPolicy:
+    """Request-length buckets: upper token bounds of S/M/L (XL above) and concurrency caps."""
+
+    bounds: Mapping[str, int]
+    caps: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine arguments (vLLM EngineArgs names) and the simulator's knobs."""
+
+    max_model_len: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    max_loras: int
+    max_lora_rank: int
+    num_gpu_blocks: int | None
+    max_cpu_loras: int | None
+    enable_lora: bool
+    tensor_parallel_size: int
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    max_num_queued_reqs: int | None
+    sim_step_time_s: float
+    sim_token_time_s: float
+    sim_startup_s: float
+    sim_oom_at_step: int | None
+    sim_oom_batched_tokens: int | None
+    sim_eos_probability: float
+    sim_seed: int
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The gateway's own settings (see SETTING_SPECS for each variable)."""
+
+    engine: str
+    model_dir: Path
+    served_model_name: str
+    adapters_dir: Path
+    adapters: tuple[AdapterSpec, ...]
+    routing_table: Mapping[str, str]
+    locale_routes: Mapping[tuple[str, str], str]
+    context_split: ContextSplit
+    token_cache_max_tokens: int
+    max_messages: int
+    max_body_bytes: int
+    admission_watermark: float
+    admission_wait_s: float
+    retry_after_s: int
+    buckets: BucketPolicy
+    request_deadline_s: float
+    breaker_open_s: float
+    breaker_close_after_successes: int
+    breaker_half_open_max_inflight: int
+    breaker_context_factor: float
+    engine_restart_max_attempts: int
+    engine_restart_backoff_s: float
+    engine_restart_backoff_max_s: float
+    crash_loop_deaths: int
+    crash_loop_window_s: float
+    recovery_grace_s: float
+    expected_kv_tokens: int | None
+    drain_timeout_s: float
+    metrics_endpoint_name: str
+    metrics_variant_name: str
+    metrics_interval_s: float
+    test_mode: bool
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the gateway process is configured with."""
+
+    gateway: GatewaySettings
+    engine: EngineSettings
+
+    def adapter_names(self) -> tuple[str, ...]:
+        """Served adapter names in declaration order."""
+        return tuple(adapter.name for adapter in self.gateway.adapters)
+
+
+class _Reader:
+    """Reads typed values from the environment, collecting every problem instead of stopping."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.problems: list[str] = []
+
+    def raw(self, env: str, *, empty_means_default: bool = True) -> str | None:
+        """The variable's text; unset (or, for scalars, empty) means the default."""
+        value = self.environ.get(env)
+        if value is None or (value.strip() == "" and empty_means_default):
+            return _KNOWN[env].default
+        return value.strip()
+
+    def fail(self, env: str, value: object, accepted: str) -> None:
+        self.problems.append(f"{env}={value!r}: {accepted}")
+
+    def text(self, env: str) -> str:
+        return self.raw(env) or ""
+
+    def optional_int(self, env: str, *, minimum: int) -> int | None:
+        value = self.raw(env)
+        if value is None:
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(env, value, f"expected an integer >= {minimum}")
+            return None
+        if number < minimum:
+            self.fail(env, value, f"expected an integer >= {minimum}")
+            return None
+        return number
+
+    def integer(self, env: str, *, minimum: int, maximum: int | None = None) -> int:
+        value = self.raw(env)
+        fallback = int(_KNOWN[env].default or minimum)
+        accepted = (f"expected an integer in [{minimum}, {maximum}]" if maximum is not None
+                    else f"expected an integer >= {minimum}")
+        try:
+            number = int(value or "")
+        except ValueError:
+            self.fail(env, value, accepted)
+            return fallback
+        if number < minimum or (maximum is not None and number > maximum):
+            self.fail(env, value, accepted)
+            return fallback
+        return number
+
+    def number(self, env: str, *, low: float, high: float, low_open: bool = False,
+               high_open: bool = False) -> float:
+        value = self.raw(env)
+        accepted = (f"expected a number in {'(' if low_open else '['}{low:g}, "
+                    f"{high:g}{')' if high_open else ']'}")
+        fallback = float(_KNOWN[env].default or low)
+        try:
+            number = float(value or "")
+        except ValueError:
+            self.fail(env, value, accepted)
+            return fallback
+        if (not math.isfinite(number) or number < low or number > high
+                or (low_open and number == low) or (high_open and number == high)):
+            self.fail(env, value, accepted)
+            return fallback
+        return number
+
+    def flag(self, env: str) -> bool:
+        value = (self.raw(env) or "").lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("0", "false", "no", "off"):
+            return False
+        self.fail(env, value, "expected true or false")
+        return False
+
+    def pairs(self, env: str, separator: str = "=") -> list[tuple[str, str]]:
+        # A list set to "" is the empty list (GATEWAY_ADAPTERS= serves the base model only);
+        # only an unset variable takes the default.
+        value = self.raw(env, empty_means_default=False) or ""
+        result: list[tuple[str, str]] = []
+        for item in (part.strip() for part in value.split(",")):
+            if not item:
+                continue
+            key, sep, rest = item.partition(separator)
+            if not sep or not key.strip() or not rest.strip():
+                self.fail(env, value, f"expected comma-separated key{separator}value pairs, "
+                                      f"bad item {item!r}")
+                return []
+            result.append((key.strip(), rest.strip()))
+        return result
+
+
+def _parse_adapters(reader: _Reader, served_model_name: str) -> tuple[AdapterSpec, ...]:
+    adapters: list[AdapterSpec] = []
+    for name, directory in reader.pairs("GATEWAY_ADAPTERS"):
+        if not ADAPTER_NAME_PATTERN.match(name) or name in (BASE_ROUTE, AUTO_MODEL,
+                                                            served_model_name):
+            reader.fail("GATEWAY_ADAPTERS", name,
+                        f"adapter names match {ADAPTER_NAME_PATTERN.pattern} and are not "
+                        f"'{BASE_ROUTE}', '{AUTO_MODEL}' or the served model name")
+        elif any(existing.name == name for existing in adapters):
+            reader.fail("GATEWAY_ADAPTERS", name, "each adapter name once")
+        elif "/" in directory or directory in (".", ".."):
+            reader.fail("GATEWAY_ADAPTERS", directory,
+                        "a directory name inside GATEWAY_ADAPTERS_DIR, not a path")
+        else:
+            adapters.append(AdapterSpec(name=name, directory=directory))
+    return tuple(adapters)
+
+
+def _parse_routing(reader: _Reader, adapter_names: set[str]) -> dict[str, str]:
+    table: dict[str, str] = {}
+    targets = sorted(adapter_names | {BASE_ROUTE})
+    for intent, target in reader.pairs("GATEWAY_ROUTING_TABLE"):
+        if intent not in INTENT_LABELS:
+            reader.fail("GATEWAY_ROUTING_TABLE", intent,
+                        f"keys are intents: {', '.join(INTENT_LABELS)}")
+        elif target not in adapter_names and target != BASE_ROUTE:
+            reader.fail("GATEWAY_ROUTING_TABLE", f"{intent}={target}",
+                        f"values are served adapters or '{BASE_ROUTE}': {', '.join(targets)}")
+        else:
+            table[intent] = target
+    return table
+
+
+def normalize_locale(locale: str) -> str:
+    """Canonical case of a BCP-47-style tag: language lower-case, region upper-case (ja-JP)."""
+    parts = locale.split("-")
+    out = [parts[0].lower()]
+    for part in parts[1:]:
+        out.append(part.upper() if len(part) == 2 else part.title() if len(part) == 4 else part)
+    return "-".join(out)
+
+
+def _parse_locale_routes(reader: _Reader, adapter_names: set[str]) -> dict[tuple[str, str], str]:
+    env = "GATEWAY_LOCALE_ROUTES"
+    raw = reader.raw(env, empty_means_default=False) or ""
+    routes: dict[tuple[str, str], str] = {}
+    known = adapter_names | {BASE_ROUTE}
+    accepted = ("expected locale:adapter=replacement[,adapter=replacement][;locale:...] "
+                f"(e.g. ja-JP:manga=manga-ja) naming served adapters or '{BASE_ROUTE}'")
+    for group in (part.strip() for part in raw.split(";")):
+        locale: str | None = None
+        for item in (part.strip() for part in group.split(",")):
+            if not item:
+                continue
+            if ":" in item:
+                locale, _, item = item.partition(":")
+                locale = locale.strip()
+            source, sep, replacement = (part.strip() for part in item.partition("="))
+            if (locale is None or not LOCALE_PATTERN.match(locale) or not sep
+                    or source not in known or replacement not in known):
+                reader.fail(env, raw, f"{accepted}; bad item {item!r}")
+                return routes
+            routes[(normalize_locale(locale), source)] = replacement
+    return routes
+
+
+def _parse_split(reader: _Reader) -> ContextSplit:
+    env = "GATEWAY_CONTEXT_SPLIT"
+    shares: dict[str, float] = {}
+    for key, value in reader.pairs(env):
+        try:
+            share = float(value)
+        except ValueError:
+            share = -1.0
+        if key not in ("system", "rag", "history", "output") or not 0.0 <= share <= 1.0:
+            reader.fail(env, f"{key}={value}",
+                        "keys system, rag, history, output with shares in [0, 1]")
+            continue
+        shares[key] = share
+    missing = {"system", "rag", "history", "output"} - set(shares)
+    if missing and not any(problem.startswith(env) for problem in reader.problems):
+        reader.fail(env, reader.raw(env), f"missing share(s): {', '.join(sorted(missing))}")
+    split = ContextSplit(
+        system=shares.get("system", 0.125), rag=shares.get("rag", 0.25),
+        history=shares.get("history", 0.5), output=shares.get("output", 0.125),
+    )
+    total = split.system + split.rag + split.history + split.output
+    if total > 1.0 + 1e-9:
+        reader.fail(env, reader.raw(env), f"shares must add up to at most 1, they add to {total:g}")
+    if split.history <= 0 or split.output <= 0:
+        reader.fail(env, reader.raw(env), "history and output shares must be above 0")
+    return split
+
+
+def _parse_buckets(reader: _Reader) -> BucketPolicy:
+    bounds: dict[str, int] = {}
+    for key, value in reader.pairs("GATEWAY_BUCKET_BOUNDS"):
+        if key not in ("S", "M", "L") or not value.isdigit() or int(value) < 1:
+            reader.fail("GATEWAY_BUCKET_BOUNDS", f"{key}={value}",
+                        "keys S, M, L with positive token counts")
+            continue
+        bounds[key] = int(value)
+    if set(bounds) == {"S", "M", "L"}:
+        if not bounds["S"] < bounds["M"] < bounds["L"]:
+            reader.fail("GATEWAY_BUCKET_BOUNDS", reader.raw("GATEWAY_BUCKET_BOUNDS"),
+                        "bounds must increase: S < M < L")
+    elif not any(p.startswith("GATEWAY_BUCKET_BOUNDS") for p in reader.problems):
+        reader.fail("GATEWAY_BUCKET_BOUNDS", reader.raw("GATEWAY_BUCKET_BOUNDS"),
+                    "all of S, M and L are required")
+    caps: dict[str, int] = {}
+    for key, value in reader.pairs("GATEWAY_BUCKET_CAPS"):
+        if key not in BUCKETS or not value.isdigit() or int(value) < 1:
+            reader.fail("GATEWAY_BUCKET_CAPS", f"{key}={value}",
+                        "keys S, M, L, XL with concurrency caps >= 1")
+            continue
+        caps[key] = int(value)
+    if set(caps) != set(BUCKETS) and not any(
+            p.startswith("GATEWAY_BUCKET_CAPS") for p in reader.problems):
+        reader.fail("GATEWAY_BUCKET_CAPS", reader.raw("GATEWAY_BUCKET_CAPS"),
+                    "all of S, M, L and XL are required")
+    return BucketPolicy(bounds={"S": 512, "M": 1024, "L": 2048, **bounds},
+                        caps={"S": 128, "M": 64, "L": 32, "XL": 8, **caps})
+
+
+def _parse_engine(reader: _Reader) -> EngineSettings:
+    block_size = reader.integer("ENGINE_BLOCK_SIZE", minimum=1)
+    if block_size not in VLLM_BLOCK_SIZES:
+        reader.fail("ENGINE_BLOCK_SIZE", block_size,
+                    f"one of {', '.join(map(str, VLLM_BLOCK_SIZES))}")
+    rank = reader.integer("ENGINE_MAX_LORA_RANK", minimum=1)
+    if rank not in VLLM_LORA_RANKS:
+        reader.fail("ENGINE_MAX_LORA_RANK", rank, f"one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+    return EngineSettings(
+        max_model_len=reader.integer("ENGINE_MAX_MODEL_LEN", minimum=64),
+        block_size=block_size,
+        max_num_seqs=reader.integer("ENGINE_MAX_NUM_SEQS", minimum=1),
+        max_num_batched_tokens=reader.integer("ENGINE_MAX_NUM_BATCHED_TOKENS", minimum=1),
+        gpu_memory_utilization=reader.number("ENGINE_GPU_MEMORY_UTILIZATION", low=0.0,
+                                             high=0.95, low_open=True),
+        max_loras=reader.integer("ENGINE_MAX_LORAS", minimum=1),
+        max_lora_rank=rank,
+        num_gpu_blocks=reader.optional_int("ENGINE_NUM_GPU_BLOCKS", minimum=1),
+        max_cpu_loras=reader.optional_int("ENGINE_MAX_CPU_LORAS", minimum=1),
+        enable_lora=reader.flag("ENGINE_ENABLE_LORA"),
+        tensor_parallel_size=reader.integer("ENGINE_TENSOR_PARALLEL_SIZE", minimum=1),
+        dtype=reader.text("ENGINE_DTYPE"),
+        kv_cache_dtype=reader.text("ENGINE_KV_CACHE_DTYPE"),
+        quantization=reader.raw("ENGINE_QUANTIZATION"),
+        enable_prefix_caching=reader.flag("ENGINE_ENABLE_PREFIX_CACHING"),
+        enforce_eager=reader.flag("ENGINE_ENFORCE_EAGER"),
+        max_num_queued_reqs=reader.optional_int("ENGINE_MAX_NUM_QUEUED_REQS", minimum=1),
+        sim_step_time_s=reader.number("ENGINE_SIM_STEP_TIME_S", low=0.0, high=10.0),
+        sim_token_time_s=reader.number("ENGINE_SIM_TOKEN_TIME_S", low=0.0, high=1.0),
+        sim_startup_s=reader.number("ENGINE_SIM_STARTUP_S", low=0.0, high=3600.0),
+        sim_oom_at_step=reader.optional_int("ENGINE_SIM_OOM_AT_STEP", minimum=1),
+        sim_oom_batched_tokens=reader.optional_int("ENGINE_SIM_OOM_BATCHED_TOKENS", minimum=1),
+        sim_eos_probability=reader.number("ENGINE_SIM_EOS_PROBABILITY", low=0.0, high=1.0),
+        sim_seed=reader.integer("ENGINE_SIM_SEED", minimum=0),
+    )
+
+
+def load_settings(environ: Mapping[str, str]) -> Settings:
+    """Read and validate every setting; raise SettingsError listing all problems."""
+    reader = _Reader(environ)
+    for name in sorted(environ):
+        if name.startswith(("GATEWAY_", "ENGINE_")) and name not in _KNOWN:
+            close = difflib.get_close_matches(name, list(_KNOWN), n=1, cutoff=0.85)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            reader.problems.append(f"{name}: not a known setting{hint}")
+
+    engine_name = reader.text("GATEWAY_ENGINE")
+    served = reader.text("GATEWAY_SERVED_MODEL_NAME")
+    if not ADAPTER_NAME_PATTERN.match(served) or served in (AUTO_MODEL, BASE_ROUTE):
+        reader.fail("GATEWAY_SERVED_MODEL_NAME", served,
+                    f"a name matching {ADAPTER_NAME_PATTERN.pattern}, not '{AUTO_MODEL}'/'base'")
+    model_dir = Path(reader.text("GATEWAY_MODEL_DIR"))
+    adapters_dir_raw = reader.raw("GATEWAY_ADAPTERS_DIR")
+    adapters = _parse_adapters(reader, served)
+    adapter_names = {adapter.name for adapter in adapters}
+    engine = _parse_engine(reader)
+    gateway = GatewaySettings(
+        engine=engine_name,
+        model_dir=model_dir,
+        served_model_name=served,
+        adapters_dir=Path(adapters_dir_raw) if adapters_dir_raw else model_dir / "adapters",
+        adapters=adapters,
+        routing_table=_parse_routing(reader, adapter_names),
+        locale_routes=_parse_locale_routes(reader, adapter_names),
+        context_split=_parse_split(reader),
+        token_cache_max_tokens=reader.integer("GATEWAY_TOKEN_CACHE_MAX_TOKENS", minimum=0),
+        max_messages=reader.integer("GATEWAY_MAX_MESSAGES", minimum=1, maximum=100_000),
+        max_body_bytes=reader.integer("GATEWAY_MAX_BODY_BYTES", minimum=1024),
+        admission_watermark=reader.number("GATEWAY_ADMISSION_WATERMARK", low=0.0, high=1.0,
+                                          low_open=True),
+        admission_wait_s=reader.number("GATEWAY_ADMISSION_WAIT_S", low=0.0, high=59.0),
+        retry_after_s=reader.integer("GATEWAY_RETRY_AFTER_S", minimum=1, maximum=3600),
+        buckets=_parse_buckets(reader),
+        request_deadline_s=reader.number("GATEWAY_REQUEST_DEADLINE_S", low=1.0,
+                                         high=SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True),
+        breaker_open_s=reader.number("GATEWAY_BREAKER_OPEN_S", low=0.0, high=3600.0),
+        breaker_close_after_successes=reader.integer("GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES",
+                                                     minimum=1),
+        breaker_half_open_max_inflight=reader.integer("GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT",
+                                                      minimum=1),
+        breaker_context_factor=reader.number("GATEWAY_BREAKER_CONTEXT_FACTOR", low=0.0, high=1.0,
+                                             low_open=True),
+        engine_restart_max_attempts=reader.integer("GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS",
+                                                   minimum=1),
+        engine_restart_backoff_s=reader.number("GATEWAY_ENGINE_RESTART_BACKOFF_S", low=0.0,
+                                               high=600.0),
+        engine_restart_backoff_max_s=reader.number("GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S",
+                                                   low=0.0, high=3600.0),
+        crash_loop_deaths=reader.integer("GATEWAY_CRASH_LOOP_DEATHS", minimum=1),
+        crash_loop_window_s=reader.number("GATEWAY_CRASH_LOOP_WINDOW_S", low=0.0, high=86400.0,
+                                          low_open=True),
+        recovery_grace_s=reader.number("GATEWAY_RECOVERY_GRACE_S", low=0.0, high=3600.0,
+                                       low_open=True),
+        expected_kv_tokens=reader.optional_int("GATEWAY_EXPECTED_KV_TOKENS", minimum=1),
+        drain_timeout_s=reader.number("GATEWAY_DRAIN_TIMEOUT_S", low=0.0,
+                                      high=SAGEMAKER_SIGKILL_AFTER_S, high_open=True),
+        metrics_endpoint_name=reader.text("GATEWAY_METRICS_ENDPOINT_NAME"),
+        metrics_variant_name=reader.text("GATEWAY_METRICS_VARIANT_NAME"),
+        metrics_interval_s=reader.number("GATEWAY_METRICS_INTERVAL_S", low=0.1, high=3600.0),
+        test_mode=reader.flag("GATEWAY_TEST_MODE"),
+    )
+    _cross_check(reader, gateway, engine)
+    if reader.problems:
+        raise SettingsError("invalid settings: " + "; ".join(reader.problems))
+    return Settings(gateway=gateway, engine=engine)
+
+
+def _cross_check(reader: _Reader, gateway: GatewaySettings, engine: EngineSettings) -> None:
+    if engine.max_cpu_loras is not None and engine.max_cpu_loras < engine.max_loras:
+        reader.fail("ENGINE_MAX_CPU_LORAS", engine.max_cpu_loras,
+                    f"must be at least ENGINE_MAX_LORAS={engine.max_loras}")
+    if gateway.adapters and not engine.enable_lora:
+        reader.fail("ENGINE_ENABLE_LORA", "false",
+                    "must be true while GATEWAY_ADAPTERS names adapters (set GATEWAY_ADAPTERS= "
+                    "to serve the base model only)")
+    if gateway.admission_wait_s >= gateway.request_deadline_s:
+        reader.fail("GATEWAY_ADMISSION_WAIT_S", gateway.admission_wait_s,
+                    f"must be below GATEWAY_REQUEST_DEADLINE_S={gateway.request_deadline_s:g}")
+    if gateway.engine_restart_backoff_s > gateway.engine_restart_backoff_max_s:
+        reader.fail("GATEWAY_ENGINE_RESTART_BACKOFF_S", gateway.engine_restart_backoff_s,
+                    "must not exceed GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S="
+                    f"{gateway.engine_restart_backoff_max_s:g}")
+    if math.floor(gateway.context_split.output * engine.max_model_len) < 1:
+        reader.fail("GATEWAY_CONTEXT_SPLIT", reader.raw("GATEWAY_CONTEXT_SPLIT"),
+                    f"the output share gives no token at ENGINE_MAX_MODEL_LEN="
+                    f"{engine.max_model_len}")
+    for label in ("GATEWAY_METRICS_ENDPOINT_NAME", "GATEWAY_METRICS_VARIANT_NAME"):
+        value = reader.text(label)
+        if not value or len(value) > 255:
+            reader.fail(label, value, "a non-empty name of at most 255 characters")
+
+
+def settings_reference_markdown() -> str:
+    """A Markdown table of every variable, its default and meaning (for docs/gateway.md)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for spec in SETTING_SPECS:
+        default = f"`{spec.default}`" if spec.default is not None else "unset"
+        lines.append(f"| `{spec.env}` | {default} | {spec.help} |")
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""Owns the engine: starts it, notices its death, rebuilds it with bounded retries and backoff.
+
+vLLM's engine is fail-stop: after a CUDA OOM its engine-core process is gone and nothing in vLLM
+restarts it (FACTS.md). The gateway therefore keeps the engine in a slot it supervises. A death
+is noticed either by a request (its generate raised EngineDead) or by a light watcher that polls
+``engine.is_dead``; the first report for an engine generation wins, later ones are ignored, so
+a death that fails 64 in-flight requests counts as one trip. The rebuild shuts the dead engine
+down, waits ``backoff × 2^(attempt-1)``, builds a fresh engine and starts it; after
+``max_attempts`` failures the slot is FAILED and /ping turns red.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.engines.base import EngineDead, InferenceEngine
+from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
+
+EngineFactory = Callable[[], InferenceEngine]
+DeathCallback = Callable[[int, EngineDead], None]
+ReadyCallback = Callable[[int, InferenceEngine], None]
+LogCallback = Callable[..., None]
+
+
+class EngineStartFailed(RuntimeError):
+    """The engine could not be started within the bounded attempts."""
+
+
+class EngineSupervisor:
+    """The engine slot (see the module docstring)."""
+
+    def __init__(
+        self,
+        factory: EngineFactory,
+        *,
+        restart: RestartPolicy,
+        crash_loop: CrashLoopDetector,
+        on_death: DeathCallback,
+        on_ready: ReadyCallback,
+        log: LogCallback,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        watch_interval_s: float = 0.2,
+        shutdown_timeout_s: float = 10.0,
+    ) -> None:
+        self._factory = factory
+        self.restart = restart
+        self.crash_loop = crash_loop
+        self._on_death = on_death
+        self._on_ready = on_ready
+        self._log = log
+        self._clock = clock
+        self._sleep = sleep
+        self._watch_interval_s = watch_interval_s
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self.phase = EnginePhase.STARTING
+        self.engine: InferenceEngine | None = None
+        self.generation = 0
+        self.restarts = 0
+        self.recovering_since: float | None = None
+        self.failure_reason: str | None = None
+        self._ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # --- lifecycle ---
+    async def start(self) -> InferenceEngine:
+        """Start the first engine (same bounded retries as a rebuild) and the death watcher."""
+        engine = await self._build_with_retries("start")
+        self._install(engine)
+        self._spawn(self._watch(), "engine-watcher")
+        return engine
+
+    async def close(self) -> None:
+        """Stop watching and shut the engine down (on SIGTERM, after draining)."""
+        self._closing = True
+        self.phase = EnginePhase.STOPPING
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.engine is not None:
+            await self._shutdown_engine(self.engine)
+
+    async def wait_ready(self, timeout_s: float) -> InferenceEngine | None:
+        """The engine once READY (waiting up to ``timeout_s``); None if not ready in time."""
+        if self.phase is EnginePhase.READY and self.engine is not None:
+            return self.engine
+        if self.phase in (EnginePhase.FAILED, EnginePhase.STOPPING) or timeout_s <= 0:
+            return None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout=timeout_s)
+        if self.phase is EnginePhase.READY:
+            return self.engine
+        return None
+
+    def report_death(self, generation: int, error: EngineDead) -> bool:
+        """Report that engine ``generation`` died; True for the first report (a new trip)."""
+        if generation != self.generation or self.phase is not EnginePhase.READY or self._closing:
+            return False
+        now = self._clock()
+        self.phase = EnginePhase.RECOVERING
+        self.recovering_since = now
+        self._ready.clear()
+        self.crash_loop.record(now)
+        self._on_death(generation, error)
+        self._spawn(self._rebuild(), "engine-rebuild")
+        return True
+
+    # --- internals ---
+    def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _install(self, engine: InferenceEngine) -> None:
+        self.engine = engine
+        self.phase = EnginePhase.READY
+        self.recovering_since = None
+        self._ready.set()
+        self._on_ready(self.generation, engine)
+
+    async def _build_with_retries(self, purpose: str) -> InferenceEngine:
+        last_error: BaseException | None = None
+        for attempt in range(1, self.restart.max_attempts + 1):
+            if attempt > 1 or purpose == "rebuild":
+                await self._sleep(self.restart.delay_before(attempt))
+            if self._closing:
+                raise EngineStartFailed("shutting down")
+            engine: InferenceEngine | None = None
+            try:
+                engine = self._factory()
+                await engine.start()
+                return engine
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # any build failure counts as one failed attempt
+                last_error = error
+                self._log("engine_start_failed", level="error", purpose=purpose, attempt=attempt,
+                          max_attempts=self.restart.max_attempts, error=repr(error))
+                if engine is not None:
+                    await self._shutdown_engine(engine)
+        reason = (f"engine {purpose} failed {self.restart.max_attempts} times; last error: "
+                  f"{last_error!r}")
+        self.phase = EnginePhase.FAILED
+        self.failure_reason = reason
+        raise EngineStartFailed(reason)
+
+    async def _rebuild(self) -> None:
+        dead = self.engine
+        if dead is not None:
+            await self._shutdown_engine(dead)
+        try:
+            engine = await self._build_with_retries("rebuild")
+        except EngineStartFailed:
+            return
+        self.generation += 1
+        self.restarts += 1
+        self._install(engine)
+
+    async def _shutdown_engine(self, engine: InferenceEngine) -> None:
+        try:
+            await asyncio.wait_for(engine.shutdown(), timeout=self._shutdown_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a dead engine may fail to shut down cleanly; carry on
+            self._log("engine_shutdown_failed", level="warning", error=repr(error))
+
+    async def _watch(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._watch_interval_s)
+            engine = self.engine
+            if self.phase is EnginePhase.READY and engine is not None and engine.is_dead:
+                error = engine.dead_error or EngineDead("engine reported dead")
+                self.report_death(self.generation, error)

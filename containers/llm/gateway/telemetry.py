@@ -1,0 +1,180 @@
+"""Metrics and logs: CloudWatch EMF documents and JSON log lines on stdout.
+
+SageMaker ships container stdout to CloudWatch Logs, which extracts metrics from EMF documents.
+Every metric goes through :func:`metrics_contract.emf_document`, so a metric name or dimension
+set the alarms do not know cannot be emitted. (The aws-embedded-metrics library would build its
+own documents around that check, so it is not used here.)
+
+* One line per request: an EMF document whose properties are the request's structured log
+  (request id, adapter, bucket, tokens, truncation, outcome, latency ...). Never the content.
+* Event lines: OOM circuit trips, breaker transitions, engine restarts (EMF + log fields).
+* A gauge line every ``GATEWAY_METRICS_INTERVAL_S``: KV usage, running / waiting, preemptions,
+  breaker state.
+* Plain JSON log lines (``"event": ...``) for everything else (start-up, warmup, errors).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import metrics_contract as mc
+
+Sink = Callable[[str], None]
+
+
+def stdout_sink(line: str) -> None:
+    """Write one line to stdout and flush (a killed container must not lose buffered lines)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@dataclass
+class RequestRecord:
+    """Everything the per-request line reports; filled in as the request moves along."""
+
+    request_id: str
+    path: str
+    started: float
+    stream: bool = False
+    status: int = 200
+    outcome: str = "completed"
+    """completed | fallback | rejected | client_error | aborted"""
+    reached_engine: bool = False
+    served_name: str | None = None
+    route_reason: str | None = None
+    intent: str | None = None
+    locale: str | None = None
+    bucket: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: bool = False
+    dropped_turns: int = 0
+    rag_chunks_dropped: int = 0
+    queue_wait_s: float | None = None
+    ttft_s: float | None = None
+    finish_reason: str | None = None
+    fallback_reason: str | None = None
+    breaker_state: str | None = None
+    engine_generation: int | None = None
+    error_code: str | None = None
+    error_param: str | None = None
+    error_message: str | None = None
+    warmup: bool = False
+
+    def log_fields(self, latency_s: float) -> dict[str, Any]:
+        """The structured-log view: non-empty fields, latencies in milliseconds."""
+        fields: dict[str, Any] = {
+            "event": "request",
+            "request_id": self.request_id,
+            "path": self.path,
+            "status": self.status,
+            "outcome": self.outcome,
+            "stream": self.stream,
+            "latency_ms": round(latency_s * 1000, 3),
+        }
+        optional = {
+            "model": self.served_name, "route": self.route_reason, "intent": self.intent,
+            "locale": self.locale, "bucket": self.bucket, "finish_reason": self.finish_reason,
+            "fallback_reason": self.fallback_reason, "breaker": self.breaker_state,
+            "engine_generation": self.engine_generation, "error_code": self.error_code,
+            "error_param": self.error_param, "error": self.error_message,
+        }
+        fields.update({key: value for key, value in optional.items() if value is not None})
+        if self.reached_engine or self.prompt_tokens:
+            fields.update(prompt_tokens=self.prompt_tokens,
+                          completion_tokens=self.completion_tokens,
+                          truncated=self.truncated, dropped_turns=self.dropped_turns,
+                          rag_chunks_dropped=self.rag_chunks_dropped)
+        if self.queue_wait_s is not None:
+            fields["queue_wait_ms"] = round(self.queue_wait_s * 1000, 3)
+        if self.ttft_s is not None:
+            fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
+        if self.warmup:
+            fields["warmup"] = True
+        return fields
+
+
+class Telemetry:
+    """Builds and writes the lines described in the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        endpoint_name: str,
+        variant_name: str,
+        sink: Sink = stdout_sink,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dimensions = {"EndpointName": endpoint_name, "VariantName": variant_name}
+        self._sink = sink
+        self._wall_clock = wall_clock
+        self.monotonic = monotonic
+
+    def _write(self, document: Mapping[str, Any]) -> None:
+        self._sink(json.dumps(document, ensure_ascii=True, separators=(",", ":"), default=str))
+
+    def _timestamp_ms(self) -> int:
+        return int(self._wall_clock() * 1000)
+
+    def log(self, event: str, *, level: str = "info", **fields: Any) -> None:
+        """A plain JSON log line."""
+        self._write({"timestamp_ms": self._timestamp_ms(), "level": level, "event": event,
+                     **fields})
+
+    def emit(self, values: Mapping[mc.MetricSpec, float], *,
+             dimensions: Mapping[str, str] | None = None, **properties: Any) -> None:
+        """One EMF document (validated by the metrics contract) with log properties."""
+        document = mc.emf_document(
+            values, dimensions if dimensions is not None else self.dimensions,
+            timestamp_ms=self._timestamp_ms(), properties=properties,
+        )
+        self._write(document)
+
+    def request(self, record: RequestRecord) -> None:
+        """The one line for a finished request (metrics chosen by outcome)."""
+        latency_s = self.monotonic() - record.started
+        fields = record.log_fields(latency_s)
+        if record.warmup:
+            self.log("request", **{k: v for k, v in fields.items() if k != "event"})
+            return
+        if record.outcome == "rejected":
+            self.emit({mc.ADMISSION_REJECTIONS: 1},
+                      dimensions={**self.dimensions, "Bucket": record.bucket or "unknown"},
+                      **fields)
+            return
+        values: dict[mc.MetricSpec, float] = {mc.REQUEST_LATENCY: latency_s * 1000}
+        if record.outcome == "client_error":
+            values[mc.CLIENT_ERRORS] = 1
+        elif record.reached_engine:
+            values.update({
+                mc.REQUESTS: 1,
+                mc.PROMPT_TOKENS: record.prompt_tokens,
+                mc.COMPLETION_TOKENS: record.completion_tokens,
+                mc.CONTEXT_TRUNCATIONS: 1 if record.truncated else 0,
+                mc.DROPPED_TURNS: record.dropped_turns,
+                mc.FALLBACKS: 1 if record.outcome == "fallback" else 0,
+            })
+            if record.queue_wait_s is not None:
+                values[mc.QUEUE_WAIT] = record.queue_wait_s * 1000
+            if record.ttft_s is not None:
+                values[mc.TIME_TO_FIRST_TOKEN] = record.ttft_s * 1000
+        elif record.outcome == "fallback":
+            values[mc.FALLBACKS] = 1
+        self.emit(values, **fields)
+
+    def gauges(self, *, kv_cache_usage: float, running: int, waiting: int,
+               preemptions: int, breaker_value: int, **properties: Any) -> None:
+        """The periodic gauge line (kv_cache_usage is a 0-1 share; published as 0-100)."""
+        self.emit({
+            mc.KV_CACHE_USAGE: kv_cache_usage * 100,
+            mc.RUNNING_REQUESTS: running,
+            mc.WAITING_REQUESTS: waiting,
+            mc.PREEMPTIONS: preemptions,
+            mc.BREAKER_STATE: breaker_value,
+        }, event="gauges", **properties)

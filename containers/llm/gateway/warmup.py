@@ -1,0 +1,114 @@
+"""Warmup: representative requests through the full HTTP path before /ping turns green.
+
+SageMaker must not route users to a cold instance (seed 001, user story 3). After the engine
+has started, the gateway sends, through its own ASGI app (validation, routing, context budget,
+admission, engine, response formatting — everything but the socket): a short, a medium and a long
+conversation for the base model and for every adapter, one request routed by intent and locale,
+and one streaming request. The long one overflows the history budget, so the sliding window and
+its marker run too. Only when every answer is a 200 that is not a fallback does /ping say
+healthy. Warmup requests carry a per-process secret header so they are logged but not counted in
+the request metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
+from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
+
+if TYPE_CHECKING:
+    from gateway.app import GatewayRuntime
+
+WARMUP_HEADER = "x-mangaassist-warmup"
+_TOKENS_PER_MESSAGE = 80
+
+
+def _message(index: int, tokens_target: int, count: Callable[[str], int]) -> str:
+    parts: list[str] = []
+    position = index
+    while not parts or count(" ".join(parts)) < tokens_target:
+        pool = MANGA_CORPUS_JA if position % 2 else MANGA_CORPUS_EN
+        parts.append(pool[position % len(pool)])
+        position += 7
+    return " ".join(parts)
+
+
+def warmup_requests(runtime: GatewayRuntime) -> list[tuple[str, dict[str, Any]]]:
+    """(label, body) of every warmup request for this runtime's models and budget."""
+    settings = runtime.settings
+    max_model_len = settings.engine.max_model_len
+
+    def count(text: str) -> int:
+        return runtime.tokenizer.count([text])[0]
+
+    history_cap = settings.gateway.context_split.history * max_model_len
+    long_turns = min(settings.gateway.max_messages - 2,
+                     max(12, math.ceil(1.5 * history_cap / _TOKENS_PER_MESSAGE) + 1))
+    if long_turns % 2 == 0:
+        long_turns += 1  # end on a user message
+    shapes = {"short": (1, 4), "medium": (9, 8), "long": (long_turns, 16)}
+    system_prompt = MANGAASSIST_SYSTEM_PROMPT
+    system_tokens = count(system_prompt)
+    system_budget = int(settings.gateway.context_split.system * max_model_len)
+    if system_tokens > system_budget:
+        # Production traffic carrying this prompt would be refused too: say so loudly, and warm
+        # up with a prompt that fits so the rest of the path is still exercised.
+        runtime.telemetry.log(
+            "warmup_system_prompt_over_budget", level="warning", system_prompt_tokens=system_tokens,
+            system_budget_tokens=system_budget,
+            message="the production system prompt does not fit the system share of "
+                    "ENGINE_MAX_MODEL_LEN (GATEWAY_CONTEXT_SPLIT); warming up with a short one",
+        )
+        system_prompt = SYSTEM_PROMPT_EN
+    requests: list[tuple[str, dict[str, Any]]] = []
+    for model in runtime.router.served_names():
+        for shape, (turns, max_tokens) in shapes.items():
+            # The production system prompt: its KV blocks stay in the prefix cache, and it is the
+            # prompt the AWQ model was calibrated and quality-gated on.
+            messages = [{"role": "system", "content": system_prompt}]
+            for index in range(turns):
+                role = "user" if (turns - 1 - index) % 2 == 0 else "assistant"
+                messages.append({"role": role,
+                                 "content": _message(index, _TOKENS_PER_MESSAGE, count)})
+            requests.append((f"{model}/{shape}", {"model": model, "messages": messages,
+                                                   "max_tokens": max_tokens}))
+    requests.append(("auto/ja-JP", {
+        "model": "auto", "max_tokens": 16,
+        "messages": [{"role": "user", "content": MANGA_CORPUS_JA[2]}],
+        "mangaassist": {"intent": "recommendation", "locale": "ja-JP",
+                        "rag_context": [MANGA_CORPUS_JA[3], MANGA_CORPUS_EN[3]]},
+    }))
+    requests.append(("stream", {
+        "model": settings.gateway.served_model_name, "max_tokens": 16, "stream": True,
+        "messages": [{"role": "user", "content": MANGA_CORPUS_EN[1]}],
+    }))
+    return requests
+
+
+async def run_warmup(client: httpx.AsyncClient, runtime: GatewayRuntime, *,
+                     progress: Callable[[str], None]) -> bool:
+    """Send every warmup request; True when all answered 200 without a fallback."""
+    requests = warmup_requests(runtime)
+    headers = {WARMUP_HEADER: runtime.warmup_token}
+    for done, (label, body) in enumerate(requests):
+        progress(f"warmup {done}/{len(requests)} requests ({label} next)")
+        try:
+            response = await client.post("/invocations", json=body, headers=headers)
+        except httpx.HTTPError as error:
+            runtime.telemetry.log("warmup_failed", level="warning", request=label,
+                                  error=repr(error))
+            return False
+        fallback = response.headers.get("X-MangaAssist-Fallback")
+        complete = (not body.get("stream")) or response.text.rstrip().endswith("data: [DONE]")
+        if response.status_code != 200 or fallback or not complete:
+            runtime.telemetry.log("warmup_failed", level="warning", request=label,
+                                  status=response.status_code, fallback=fallback,
+                                  body=response.text[:300])
+            return False
+    progress(f"warmup {len(requests)}/{len(requests)} requests done")
+    return True

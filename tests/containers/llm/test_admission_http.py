@@ -1,0 +1,120 @@
+"""Admission and containment over a real socket: KV shedding with 429 + Retry-After, the request
+deadline, and the open breaker answering XL requests with the fresh-context fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from gateway.demo_model import synthetic_conversation
+from gateway.tokenizer import ChatTokenizer
+from tests.containers.llm.harness import GatewayProcess
+from tests.containers.llm.test_telemetry import assert_valid_emf
+
+
+def long_messages(tokenizer: ChatTokenizer, turns: int, seed: int) -> list[dict[str, str]]:
+    return synthetic_conversation(tokenizer.tokenizer, turns=turns, tokens_per_turn=100,
+                                  seed=seed)
+
+
+def test_kv_pressure_sheds_with_429_and_retry_after(start_gateway: Any,
+                                                    chat_tokenizer: ChatTokenizer) -> None:
+    # 80 blocks x 16 = 1280 tokens, 0.9 watermark = 72 blocks; each request reserves ~45 blocks.
+    gateway: GatewayProcess = start_gateway({
+        "ENGINE_MAX_MODEL_LEN": "1024", "ENGINE_NUM_GPU_BLOCKS": "80",
+        "ENGINE_SIM_STEP_TIME_S": "0.005", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "GATEWAY_ADMISSION_WAIT_S": "0.1", "GATEWAY_RETRY_AFTER_S": "3",
+    })
+    gateway.wait_ready()
+    bodies = [{"messages": long_messages(chat_tokenizer, 7, seed), "max_tokens": 100}
+              for seed in range(6)]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as client:
+            return list(await asyncio.gather(*(client.post("/invocations", json=body)
+                                               for body in bodies)))
+
+    responses = asyncio.run(burst())
+    statuses = sorted(response.status_code for response in responses)
+    assert 200 in statuses
+    assert 429 in statuses, statuses
+    shed = [response for response in responses if response.status_code == 429]
+    for response in shed:
+        assert response.headers["retry-after"] == "3"
+        error = response.json()["error"]
+        assert error["type"] == "rate_limit_error"
+        assert error["code"] == "kv_watermark"
+    rejections = [line for line in gateway.emf() if "AdmissionRejections" in line]
+    assert len(rejections) == len(shed)
+    for document in rejections:
+        assert_valid_emf(document)
+        assert document["Bucket"] == "M"  # prompt + max_tokens in (512, 1024]
+        assert document["queue_wait_ms"] >= 95  # it waited GATEWAY_ADMISSION_WAIT_S first
+
+
+def test_no_request_outlives_the_deadline(start_gateway: Any) -> None:
+    gateway: GatewayProcess = start_gateway({
+        "ENGINE_SIM_STEP_TIME_S": "0.005", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "GATEWAY_REQUEST_DEADLINE_S": "1.5", "GATEWAY_ADMISSION_WAIT_S": "1",
+    })
+    gateway.wait_ready()
+    started = time.perf_counter()
+    response = httpx.post(f"{gateway.url}/invocations", timeout=30.0, json={
+        "messages": [{"role": "user", "content": "Tell me everything about Berserk."}],
+        "max_tokens": 3000})  # 3000 steps x 5 ms = 15 s without the deadline
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 200
+    body = response.json()
+    assert elapsed < 3.0
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["mangaassist"]["deadline_exceeded"] is True
+    assert 0 < body["usage"]["completion_tokens"] < 3000
+
+
+def test_open_breaker_answers_xl_with_a_fresh_context(start_gateway: Any,
+                                                      chat_tokenizer: ChatTokenizer) -> None:
+    gateway: GatewayProcess = start_gateway({
+        "GATEWAY_TEST_MODE": "true", "GATEWAY_BREAKER_OPEN_S": "120",
+        "GATEWAY_ENGINE_RESTART_BACKOFF_S": "0.05",
+    })
+    gateway.wait_ready()
+    assert httpx.post(f"{gateway.url}/admin/engine/oom").status_code == 200
+    deadline = time.monotonic() + 10
+    while gateway.ping().json()["engine_generation"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ping = gateway.ping().json()
+    assert ping["breaker"] == "open"
+    assert ping["status"] == "healthy"
+
+    xl = {"messages": long_messages(chat_tokenizer, 45, seed=5), "max_tokens": 1500,
+          "mangaassist": {"locale": "ja-JP"}}
+    response = httpx.post(f"{gateway.url}/invocations", json=xl, timeout=30.0)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["mangaassist"]["bucket"] == "XL"
+    assert body["mangaassist"]["fallback"]["reason"] == "breaker_open_xl"
+    assert response.headers["x-mangaassist-fallback"] == "breaker_open_xl"
+    assert body["choices"][0]["message"]["content"].startswith("会話が長くなったため")
+    assert body["usage"]["completion_tokens"] == 0
+
+    streamed = httpx.post(f"{gateway.url}/invocations", json={**xl, "stream": True},
+                          timeout=30.0)
+    assert streamed.status_code == 200
+    assert '"reason":"breaker_open_xl"' in streamed.text
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+
+    small = httpx.post(f"{gateway.url}/invocations", timeout=30.0, json={
+        "messages": long_messages(chat_tokenizer, 45, seed=5), "max_tokens": 32})
+    context = small.json()["mangaassist"]
+    assert context["fallback"] is None
+    assert context["context"]["context_factor"] == 0.5  # tightened while open
+    assert context["context"]["history_budget_tokens"] == 1024
+
+    fallbacks = [line for line in gateway.emf() if line.get("fallback_reason") == "breaker_open_xl"]
+    assert len(fallbacks) == 2
+    for document in fallbacks:
+        assert document["Fallbacks"] == 1.0
+        assert "Requests" not in document  # never reached the engine

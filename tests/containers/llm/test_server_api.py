@@ -1,0 +1,243 @@
+"""The HTTP contract over a real socket: /ping, OpenAPI, chat (JSON and SSE), validation errors
+that name the field, routing, context reporting and the per-request EMF lines."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.demo_model import SYSTEM_PROMPT_EN, synthetic_conversation
+from gateway.tokenizer import ChatTokenizer
+from tests.containers.llm.harness import GatewayProcess
+from tests.containers.llm.test_telemetry import assert_valid_emf
+
+USER = {"role": "user", "content": "Is One Piece volume 1 available in English?"}
+
+
+def post(gateway: GatewayProcess, body: Any, *, path: str = "/invocations",
+         **kwargs: Any) -> httpx.Response:
+    if isinstance(body, bytes | str):
+        kwargs.setdefault("headers", {"content-type": "application/json"})
+        return httpx.post(gateway.url + path, content=body, timeout=30.0, **kwargs)
+    return httpx.post(gateway.url + path, json=body, timeout=30.0, **kwargs)
+
+
+def sse_events(text: str) -> list[Any]:
+    events: list[Any] = []
+    for block in text.strip().split("\n\n"):
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_ping_is_healthy_after_warmup_and_fast(gateway: GatewayProcess) -> None:
+    started = time.perf_counter()
+    response = gateway.ping()
+    assert time.perf_counter() - started < 0.5
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "healthy"
+    assert body["breaker"] == "closed"
+    assert body["warmup"].endswith("requests done")
+    warmup_lines = [line for line in gateway.lines() if line.get("warmup")]
+    models = {line["model"] for line in warmup_lines}
+    assert models == {"mangaassist-base", "manga", "support", "manga-ja"}  # every adapter
+    assert any(line.get("truncated") for line in warmup_lines)  # the long one was windowed
+    assert all("_aws" not in line for line in warmup_lines)
+
+
+def test_openapi_schema_is_served(gateway: GatewayProcess) -> None:
+    schema = httpx.get(gateway.url + "/openapi.json").json()
+    assert {"/invocations", "/v1/chat/completions", "/ping", "/v1/models"} <= set(schema["paths"])
+    responses = schema["paths"]["/invocations"]["post"]["responses"]
+    assert {"200", "400", "404", "413", "429", "503"} <= set(responses)
+    assert "422" not in responses
+    assert "text/event-stream" in responses["200"]["content"]
+    components = schema["components"]["schemas"]
+    assert "MangaAssistExtension" in components
+    assert "mangaassist" in components["ChatCompletionRequest"]["properties"]
+    assert "/admin/engine/oom" not in schema["paths"]
+
+
+def test_chat_completion_shape(gateway: GatewayProcess) -> None:
+    response = post(gateway, {"model": "manga", "messages": [USER], "max_tokens": 12})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    assert body["model"] == "manga"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert 0 < usage["completion_tokens"] <= 12
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    extension = body["mangaassist"]
+    assert extension["adapter"] == "manga"
+    assert extension["fallback"] is None
+    assert extension["context"]["prompt_tokens"] == usage["prompt_tokens"]
+    assert extension["bucket"] == "S"
+
+
+def test_openai_path_and_sagemaker_path_agree(gateway: GatewayProcess) -> None:
+    body = {"messages": [USER], "max_tokens": 5, "seed": 3, "model": "support"}
+    first = post(gateway, body, path="/v1/chat/completions").json()
+    second = post(gateway, body).json()
+    assert first["choices"][0]["message"] == second["choices"][0]["message"]
+
+
+def test_streaming_sse_format(gateway: GatewayProcess) -> None:
+    response = post(gateway, {"messages": [USER], "max_tokens": 10, "stream": True,
+                              "stream_options": {"include_usage": True},
+                              "mangaassist": {"intent": "recommendation", "locale": "ja-JP"}})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["mangaassist"]["adapter"] == "manga-ja"
+    assert chunks[0]["model"] == "manga-ja"
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1
+    assert finish[0]["mangaassist"]["fallback"] is None
+    usage = chunks[-1]
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] <= 10
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+
+
+def test_long_conversation_reports_what_the_window_kept(gateway: GatewayProcess,
+                                                        chat_tokenizer: ChatTokenizer) -> None:
+    history = synthetic_conversation(chat_tokenizer.tokenizer, turns=41, tokens_per_turn=100)
+    messages = [{"role": "system", "content": SYSTEM_PROMPT_EN}, *history]
+    response = post(gateway, {"messages": messages, "max_tokens": 32,
+                              "mangaassist": {"pinned_messages": [2], "intent": "discovery"}})
+    assert response.status_code == 200
+    context = response.json()["mangaassist"]["context"]
+    assert context["truncated"]
+    assert context["kept_messages"][:2] == [0, 2]
+    assert context["kept_messages"][-1] == 41
+    assert context["dropped_messages"][0] == 1
+    assert context["dropped_turns"] == len(context["dropped_messages"])
+    assert context["truncation_notice"] == (
+        f"Earlier conversation truncated — {context['dropped_turns']} turns not shown.")
+    assert context["prompt_tokens"] + 32 <= 4096
+    assert response.json()["mangaassist"]["bucket"] == "XL"
+
+
+def test_models_are_listed(gateway: GatewayProcess) -> None:
+    body = httpx.get(gateway.url + "/v1/models").json()
+    assert [model["id"] for model in body["data"]] == [
+        "mangaassist-base", "manga", "support", "manga-ja"]
+
+
+BAD_REQUESTS: list[tuple[str, Any, int, str | None, str]] = [
+    ("malformed JSON", b'{"messages": [', 400, None, "not valid JSON"),
+    ("no body", b"", 400, None, "request body is required"),
+    ("array body", b"[1, 2]", 400, None, "must be a JSON object"),
+    ("form body", "messages=hi", 400, None, "Content-Type: application/json"),
+    ("missing messages", {"model": "manga"}, 400, "messages", "field required"),
+    ("empty messages", {"messages": []}, 400, "messages", "at least 1 item"),
+    ("unknown role", {"messages": [{"role": "tool", "content": "x"}]}, 400,
+     "messages[0].role", "'system', 'developer', 'user' or 'assistant'"),
+    ("number content", {"messages": [{"role": "user", "content": 42}]}, 400,
+     "messages[0].content", "valid string"),
+    ("content parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+     400, "messages[0].content", "valid string"),
+    ("null content", {"messages": [{"role": "assistant", "content": None}, USER]}, 400,
+     "messages[0].content", "valid string"),
+    ("negative max_tokens", {"messages": [USER], "max_tokens": -5}, 400, "max_tokens",
+     "greater than or equal to 1"),
+    ("absurd max_tokens", {"messages": [USER], "max_tokens": 10**9}, 400, "max_tokens",
+     "must be below the context window"),
+    ("string max_tokens", {"messages": [USER], "max_tokens": "5"}, 400, "max_tokens",
+     "valid integer"),
+    ("disagreeing limits", {"messages": [USER], "max_tokens": 5, "max_completion_tokens": 6},
+     400, "max_completion_tokens", "disagree"),
+    ("unsupported field", {"messages": [USER], "tools": []}, 400, "tools", "unknown or unsupported"),
+    ("n=2", {"messages": [USER], "n": 2}, 400, "n", "less than or equal to 1"),
+    ("five stops", {"messages": [USER], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop",
+     "at most 4 stop sequences"),
+    ("temperature", {"messages": [USER], "temperature": 9}, 400, "temperature", "less than"),
+    ("unknown adapter", {"messages": [USER], "model": "anime-lora"}, 404, "model",
+     "is not served here"),
+    ("unknown intent", {"messages": [USER], "mangaassist": {"intent": "shopping"}}, 400,
+     "mangaassist.intent", "unknown intent 'shopping'"),
+    ("bad locale", {"messages": [USER], "mangaassist": {"locale": "ja_JP!"}}, 400,
+     "mangaassist.locale", "should match pattern"),
+    ("unknown extension field", {"messages": [USER], "mangaassist": {"user_id": 1}}, 400,
+     "mangaassist.user_id", "unknown or unsupported"),
+    ("pin of the current message", {"messages": [USER], "mangaassist": {"pinned_messages": [0]}},
+     400, "mangaassist.pinned_messages[0]", "is not the index of an earlier message"),
+    ("last message from assistant", {"messages": [USER, {"role": "assistant", "content": "x"}]},
+     400, "messages[1].role", "must be the user's current message"),
+    ("blank question", {"messages": [{"role": "user", "content": "   "}]}, 400,
+     "messages[0].content", "the current message is empty"),
+    ("lone surrogate", b'{"messages":[{"role":"user","content":"\\ud800 x"}]}', 400,
+     "messages[0].content", "lone surrogate"),
+    ("too many messages", {"messages": [USER] * 600}, 400, "messages", "at most 512"),
+]
+
+
+@pytest.mark.parametrize(("label", "body", "status", "param", "fragment"), BAD_REQUESTS,
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_input_is_a_4xx_naming_the_field(gateway: GatewayProcess, label: str, body: Any,
+                                              status: int, param: str | None,
+                                              fragment: str) -> None:
+    headers = {"content-type": "application/x-www-form-urlencoded"} if label == "form body" else {}
+    response = post(gateway, body, headers=headers) if headers else post(gateway, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert fragment in error["message"], error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_oversized_bodies_are_413(gateway: GatewayProcess) -> None:
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 1_100_000}]}).encode()
+    declared = post(gateway, big)
+    assert declared.status_code == 413
+    assert declared.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(40):
+            yield b"x" * 50_000
+
+    streamed = httpx.post(gateway.url + "/invocations", content=chunks(),
+                          headers={"content-type": "application/json"}, timeout=30.0)
+    assert streamed.status_code == 413
+    assert "GATEWAY_MAX_BODY_BYTES" in streamed.json()["error"]["message"]
+
+
+def test_unknown_paths_and_methods_are_openai_errors(gateway: GatewayProcess) -> None:
+    missing = httpx.get(gateway.url + "/v1/embeddings")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(gateway.url + "/invocations")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_every_request_line_is_valid_emf(gateway: GatewayProcess) -> None:
+    post(gateway, {"messages": [USER], "max_tokens": 3})
+    post(gateway, {"messages": []})
+    time.sleep(0.2)
+    requests = [line for line in gateway.lines() if line.get("event") == "request"]
+    counted = [line for line in requests if "_aws" in line]
+    assert counted
+    for document in counted:
+        assert_valid_emf(document)
+        assert document["EndpointName"] == "test-endpoint"
+    assert any(line.get("Requests") == 1.0 for line in counted)
+    assert any(line.get("ClientErrors") == 1.0 for line in counted)
+    gauges = [line for line in gateway.emf() if line.get("event") == "gauges"]
+    assert gauges  # GATEWAY_METRICS_INTERVAL_S=1 in the harness
+    for document in gauges:
+        assert_valid_emf(document)
+        assert 0.0 <= document["KVCacheUsage"] <= 100.0

@@ -1,0 +1,126 @@
+"""Engine supervision: bounded retries with backoff, one trip per death, rebuilds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.engines.base import EngineDead, EngineError, InferenceEngine
+from gateway.engines.sim import SimEngine
+from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
+from gateway.supervisor import EngineStartFailed, EngineSupervisor
+
+
+class FlakyFactory:
+    """Builds simulators whose start() fails the first ``failures`` times."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.built: list[SimEngine] = []
+
+    def __call__(self) -> InferenceEngine:
+        engine = SimEngine(num_gpu_blocks=64, max_model_len=512)
+        if len(self.built) < self.failures:
+            async def broken_start() -> None:
+                raise EngineError("CUDA error: out of memory while loading weights")
+            engine.start = broken_start  # type: ignore[method-assign]
+        self.built.append(engine)
+        return engine
+
+
+def supervisor(factory: Any, *, attempts: int = 4, events: list[Any] | None = None,
+               sleeps: list[float] | None = None) -> EngineSupervisor:
+    log = events if events is not None else []
+
+    async def fake_sleep(seconds: float) -> None:
+        if sleeps is not None:
+            sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+    return EngineSupervisor(
+        factory,
+        restart=RestartPolicy(max_attempts=attempts, backoff_s=0.5, backoff_max_s=4.0),
+        crash_loop=CrashLoopDetector(deaths=3, window_s=60.0),
+        on_death=lambda generation, error: log.append(("death", generation, type(error))),
+        on_ready=lambda generation, engine: log.append(("ready", generation)),
+        log=lambda event, **fields: log.append((event, fields.get("attempt"))),
+        sleep=fake_sleep,
+        watch_interval_s=0.01,
+    )
+
+
+def test_start_retries_with_backoff_then_succeeds() -> None:
+    sleeps: list[float] = []
+    events: list[Any] = []
+
+    async def scenario() -> EngineSupervisor:
+        sup = supervisor(FlakyFactory(failures=2), events=events, sleeps=sleeps)
+        await sup.start()
+        await sup.close()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert sleeps == [1.0, 2.0]  # before attempts 2 and 3
+    assert ("engine_start_failed", 1) in events
+    assert ("engine_start_failed", 2) in events
+    assert ("ready", 0) in events
+    assert sup.generation == 0
+
+
+def test_start_gives_up_after_the_bounded_attempts() -> None:
+    async def scenario() -> EngineSupervisor:
+        sup = supervisor(FlakyFactory(failures=10), attempts=3)
+        with pytest.raises(EngineStartFailed, match="engine start failed 3 times"):
+            await sup.start()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert sup.phase is EnginePhase.FAILED
+    assert "CUDA error" in (sup.failure_reason or "")
+
+
+def test_a_death_is_one_trip_and_the_engine_is_rebuilt() -> None:
+    events: list[Any] = []
+    sleeps: list[float] = []
+
+    async def scenario() -> EngineSupervisor:
+        factory = FlakyFactory(failures=0)
+        sup = supervisor(factory, events=events, sleeps=sleeps)
+        await sup.start()
+        error = EngineDead("boom")
+        assert sup.report_death(0, error) is True
+        assert sup.report_death(0, error) is False  # the 63 other in-flight requests
+        assert sup.phase is EnginePhase.RECOVERING
+        engine = await sup.wait_ready(5.0)
+        assert engine is factory.built[1]
+        assert sup.report_death(0, error) is False  # a stale report about the old engine
+        await sup.close()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert sup.generation == 1
+    assert sup.restarts == 1
+    assert [e for e in events if e[0] in ("death", "ready")] == [
+        ("ready", 0), ("death", 0, EngineDead), ("ready", 1)]
+    assert sleeps == [0.5]  # backoff before the first rebuild attempt
+
+
+def test_the_watcher_notices_an_idle_death() -> None:
+    async def scenario() -> EngineSupervisor:
+        factory = FlakyFactory(failures=0)
+        sup = supervisor(factory)
+        engine = await sup.start()
+        assert isinstance(engine, SimEngine)
+        engine.inject_oom("idle test")
+        for _ in range(200):
+            if sup.generation == 1:
+                break
+            await asyncio.sleep(0.01)
+        await sup.close()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert sup.generation == 1
+    assert sup.crash_loop.deaths_in_window(sup.recovering_since or 0.0) <= 1
