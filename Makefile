@@ -17,7 +17,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup synth simulate test lint typecheck diff deploy clean
+.PHONY: help setup synth simulate local intent-local bench test lint typecheck diff deploy clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,11 +51,23 @@ synth: setup ## synthesize every environment offline (cdk-nag + cfn-lint), print
 simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
 	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --plot-dir docs/img
 
+local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
+	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))
+
+intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it like the intent endpoint
+	$(PY) -m neuron.random_model build/intent-random
+	$(PY) neuron/compile.py --target cpu --model-dir build/intent-random --out build/intent-cpu --overwrite
+	PYTHONPATH=.:containers/intent INTENT_MODEL_DIR=build/intent-cpu/model $(PY) containers/intent/serve
+
+bench: setup ## benchmarks that print figures: gateway overhead, traced vs eager classifier
+	$(PY) benchmarks/gateway_overhead.py
+	$(PY) benchmarks/intent_traced_vs_eager.py
+
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron containers/intent/intent_server quantization
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
 test: setup $(QUANT_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 $(PY) -m pytest
@@ -67,4 +79,4 @@ deploy: synth ## deploy one environment: make deploy ENV=prod (needs AWS credent
 	$(CDK) deploy --app cdk.out "$$($(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)')/*"
 
 clean: ## remove build outputs (keeps .venv and node_modules)
-	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

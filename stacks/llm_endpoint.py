@@ -25,7 +25,14 @@ CUDA13_INFERENCE_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 """vLLM 0.33 wheels are built for CUDA 13: the host driver must be ≥ 580 (FACTS.md)."""
 
 MODEL_DIR = "/opt/ml/model"
-LLM_IMAGE_SOURCES: tuple[str, ...] = ("containers/llm", "gpu_budget", "metrics_contract", "intents")
+LLM_IMAGE_SOURCES: tuple[str, ...] = (
+    "containers/llm",
+    "gpu_budget",
+    "metrics_contract",
+    "intents",
+    "quantization/__init__.py",
+    "quantization/system_prompt.py",
+)
 """What the LLM image's build context holds (repo-relative); everything else is excluded."""
 
 
