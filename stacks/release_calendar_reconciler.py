@@ -120,8 +120,9 @@ class ReleaseCalendarReconciler(Construct):
             log_group=log_group,
             timeout=cdk.Duration.seconds(120),
             memory_size=256,
-            # One reconciler at a time: a deploy-triggered run and the daily run never interleave.
-            reserved_concurrent_executions=1,
+            # No reserved concurrency: reserving even 1 fails to deploy in accounts whose limit is
+            # near the 100-execution unreserved minimum. Two overlapping runs are safe: every
+            # write is an idempotent upsert or a delete of an action only this function owns.
             environment={
                 "CALENDAR_PARAMETER": self.ssm_parameter.parameter_name,
                 "CALENDAR_CAPACITY_MODELS": capacity_models_to_json(capacity_models),

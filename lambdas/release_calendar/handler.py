@@ -200,7 +200,12 @@ def apply_plan(aas: Any, resource_id: str, plan: ReconcilePlan) -> list[dict[str
     def attempt(operation: str, name: str, call: Any, **kwargs: Any) -> None:
         try:
             call(**target_ids, **kwargs)
-        except (ClientError, BotoCoreError) as error:
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code")
+            if operation == "delete_scheduled_action" and code == "ObjectNotFoundException":
+                return  # already gone (an overlapping run deleted it): the goal is reached
+            failures.append({"operation": operation, "action": name, "error": str(error)})
+        except BotoCoreError as error:
             failures.append({"operation": operation, "action": name, "error": str(error)})
 
     writes: list[ScheduledCapacity] = [*plan.create, *(new for new, _ in plan.update)]

@@ -170,7 +170,7 @@ def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
     assert models["llm"]["base_invocations_per_min"] == 600
     assert models["llm"]["business_hours"]["start"] == "08:00"
     assert function["Runtime"].startswith("python3.")
-    assert function["ReservedConcurrentExecutions"] == 1
+    assert "ReservedConcurrentExecutions" not in function  # deploys in small accounts too
     # The calendar travels as JSON in an SSM parameter the function reads.
     (parameter,) = by_type(prod, "AWS::SSM::Parameter")
     calendar = json.loads(parameter["Properties"]["Value"])

@@ -330,3 +330,47 @@ def test_misconfiguration_names_the_variable(changes: dict[str, str | None],
     with pytest.raises(calendar_lambda.ConfigurationError) as caught:
         calendar_lambda.ReconcilerConfig.from_env(env)
     assert fragment in str(caught.value)
+
+
+class RacingClient:
+    """The moto client, except that one action was deleted by an overlapping run meanwhile
+    (moto itself does not raise for a missing action; the real API raises
+    ObjectNotFoundException), and one delete is refused."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def delete_scheduled_action(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        name = kwargs["ScheduledActionName"]
+        if "already-deleted" in name:
+            raise ClientError({"Error": {"Code": "ObjectNotFoundException",
+                                         "Message": "No scheduled action found"}},
+                              "DeleteScheduledAction")
+        if "refused" in name:
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": "no"}},
+                              "DeleteScheduledAction")
+        return self.real.delete_scheduled_action(**kwargs)
+
+
+def test_deleting_an_action_an_overlapping_run_already_removed_is_not_a_failure(
+    aws: dict[str, Any],
+) -> None:
+    from release_calendar import ExistingScheduledAction, ReconcilePlan
+
+    def existing(name: str) -> ExistingScheduledAction:
+        return ExistingScheduledAction(name=name, schedule="at(2026-12-01T10:00:00)",
+                                       timezone="Asia/Tokyo", min_capacity=4, max_capacity=20)
+
+    put(aws, LLM, "calendar-dated-gone-prescale", "at(2026-12-01T10:00:00)", 4, 20)
+    plan = ReconcilePlan(target="llm", delete=(
+        existing("calendar-dated-already-deleted-prescale"),
+        existing("calendar-dated-gone-prescale"),
+        existing("calendar-dated-refused-prescale")))
+    failures = calendar_lambda.apply_plan(RacingClient(aws["aas"]), LLM, plan)
+    assert [f["action"] for f in failures] == ["calendar-dated-refused-prescale"]
+    assert "calendar-dated-gone-prescale" not in actions(aws, LLM)
