@@ -46,6 +46,7 @@ from gateway.engines.base import (
     InferenceEngine,
     KvCapacity,
     SupportsAdapterStatus,
+    SupportsChatRendering,
     SupportsFaultInjection,
 )
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy, ping_answer
@@ -60,7 +61,7 @@ from gateway.service import (
 from gateway.settings import Settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from gateway.telemetry import RequestRecord, Telemetry
-from gateway.tokenizer import ChatTokenizer
+from gateway.tokenizer import ChatTokenizer, ChatTurn
 from gateway.warmup import WARMUP_HEADER, run_warmup
 from gpu_budget import compare_engine_report
 
@@ -295,6 +296,7 @@ class GatewayRuntime:
                 relative_difference=round(report.relative_difference, 4),
                 message=report.message,
             )
+        self._check_chat_rendering(engine)
         if needed > ledger.limit_blocks:
             self._fatal(
                 f"KV capacity check failed: the engine has {capacity.num_blocks} blocks of "
@@ -409,6 +411,37 @@ class GatewayRuntime:
             engine_phase=self.supervisor.phase.value, engine_generation=generation,
             token_cache_tokens=self.tokenizer.cache.cached_tokens,
             token_cache_entries=len(self.tokenizer.cache),
+        )
+
+    CHAT_PROBE: tuple[tuple[str, str], ...] = (
+        ("system", "You are MangaAssist."),
+        ("user", "鬼滅の刃に似たマンガは？"),
+        ("assistant", "『呪術廻戦』がおすすめです。"),
+        ("user", "Is volume 1 in English?"),
+    )
+
+    def _check_chat_rendering(self, engine: InferenceEngine) -> None:
+        """The gateway renders prompts itself (it must count them); check once per engine that
+        the engine's own tokenizer and chat template give the same token ids."""
+        if not isinstance(engine, SupportsChatRendering):
+            return
+        turns = [ChatTurn(role, content) for role, content in self.CHAT_PROBE]
+        ours = list(self.tokenizer.render_prompt(turns).token_ids)
+        try:
+            theirs = engine.render_chat([{"role": r, "content": c} for r, c in self.CHAT_PROBE])
+        except Exception as error:  # a check, not a reason to refuse to serve
+            self.telemetry.log("chat_template_check_failed", level="warning", error=str(error))
+            return
+        if ours == theirs:
+            self.telemetry.log("chat_template_check", tokens=len(ours), matches=True)
+            return
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                     min(len(ours), len(theirs)))
+        self.telemetry.log(
+            "chat_template_check", level="warning", matches=False, gateway_tokens=len(ours),
+            engine_tokens=len(theirs), first_difference_at=first,
+            message="the gateway's chat rendering differs from the engine tokenizer's: "
+                    "context budgets are counted on the gateway's",
         )
 
     # --- /ping ---

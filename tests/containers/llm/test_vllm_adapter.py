@@ -156,6 +156,16 @@ class FakeAsyncLLM:
     def shutdown(self) -> None:
         self.shut_down = True
 
+    def get_tokenizer(self) -> Any:
+        class Tokenizer:
+            def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool,
+                                    add_generation_prompt: bool) -> list[int]:
+                assert tokenize
+                assert add_generation_prompt
+                return [len(m["content"]) for m in messages]
+
+        return Tokenizer()
+
     def die(self, cause: BaseException) -> None:
         error = FakeEngineDeadError("EngineCore encountered an issue")
         error.__cause__ = cause
@@ -432,3 +442,12 @@ def test_the_supervisor_rebuilds_a_dead_vllm_engine_in_process(settings: Any) ->
     assert len(deaths) == 1
     assert isinstance(deaths[0], EngineOutOfMemory)
     assert len(ready) == 2
+
+
+def test_render_chat_uses_the_engine_tokenizers_template(settings: Any) -> None:
+    engine = make_engine(settings)
+    with pytest.raises(EngineError, match="not been started"):
+        engine.render_chat([{"role": "user", "content": "hi"}])
+    asyncio.run(engine.start())
+    assert engine.render_chat([{"role": "system", "content": "abc"},
+                               {"role": "user", "content": "hello"}]) == [3, 5]

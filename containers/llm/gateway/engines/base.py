@@ -174,6 +174,15 @@ class SupportsAdapterStatus(Protocol):
 
 
 @runtime_checkable
+class SupportsChatRendering(Protocol):
+    """Engines that can render a conversation with their own tokenizer and chat template."""
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` with the generation prompt, as the engine renders them."""
+        ...
+
+
+@runtime_checkable
 class SupportsFaultInjection(Protocol):
     """Engines that can be told to die of an OOM on purpose (the simulator, in test mode)."""
 

@@ -328,6 +328,16 @@ class VllmEngine:
         """``{adapter name: "loaded" | "failed: <reason>" | "not loaded"}``."""
         return dict(self._adapter_status)
 
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The engine tokenizer's own rendering (``apply_chat_template``), for the start-up
+        check that the gateway's prompts are what the engine would have built itself."""
+        if self._engine is None:
+            raise EngineError("the vLLM engine has not been started")
+        tokenizer = self._engine.get_tokenizer()
+        ids = tokenizer.apply_chat_template(list(messages), tokenize=True,
+                                            add_generation_prompt=True)
+        return list(ids)
+
     async def generate(
         self,
         request_id: str,
