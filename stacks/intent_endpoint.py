@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.container_image import repo_image_asset
-from stacks.model_endpoint import ModelData, add_model_endpoint
+from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
 from stacks.network import ModelNetwork
 from stacks.settings import IntentEndpointSettings
 
@@ -53,7 +52,7 @@ def intent_environment(
     return env
 
 
-class IntentEndpoint(Construct):
+class IntentEndpoint(ModelEndpointConstruct):
     """A SageMaker endpoint on ml.inf1 (or ml.inf2) serving the compiled intent classifier."""
 
     def __init__(
@@ -80,15 +79,14 @@ class IntentEndpoint(Construct):
             sources=INTENT_IMAGE_SOURCES,
             build_args={"TARGET": settings.target},
         )
-        archive_folder = settings.artifact_key.rsplit("/", 1)[0]
-        resources = add_model_endpoint(
+        model_data = ModelData(bucket=artifact_bucket, key=settings.artifact_key,
+                               read_prefix=settings.artifact_key.rsplit("/", 1)[0])
+        self.resources = add_model_endpoint(
             self,
             endpoint_name=endpoint_name,
             variant_name=variant_name,
             image=self.ecr_image,
-            model_data=ModelData(
-                bucket=artifact_bucket, key=settings.artifact_key, read_prefix=archive_folder
-            ),
+            model_data=model_data,
             environment=intent_environment(
                 settings, endpoint_name=endpoint_name, variant_name=variant_name
             ),
@@ -101,13 +99,10 @@ class IntentEndpoint(Construct):
             network=network,
             rollback_alarms=rollback_alarms,
         )
-        self.execution_role = resources.execution_role
-        self.sagemaker_model = resources.sagemaker_model
-        self.sagemaker_endpoint_config = resources.sagemaker_endpoint_config
-        self.sagemaker_endpoint = resources.sagemaker_endpoint
-        cdk.CfnOutput(self, "EndpointName", value=endpoint_name,
-                      description="Intent classifier endpoint (intent + confidence + scores)",
-                      export_name=f"{cdk.Stack.of(self).stack_name}-IntentEndpointName")
-        cdk.CfnOutput(self, "ModelDataUri", value=f"s3://{artifact_bucket.bucket_name}/"
-                      f"{settings.artifact_key}",
-                      description="Upload neuron/compile.py's model.tar.gz here")
+        self.add_outputs(
+            endpoint_name=endpoint_name,
+            description="Intent classifier endpoint (intent + confidence + scores)",
+            export_suffix="IntentEndpointName",
+            model_data=model_data,
+            model_data_description="Upload neuron/compile.py's model.tar.gz here",
+        )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -17,7 +16,7 @@ from constructs import Construct
 
 from gpu_budget import MemoryPlan
 from stacks.container_image import repo_image_asset
-from stacks.model_endpoint import ModelData, add_model_endpoint
+from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
 from stacks.network import ModelNetwork
 from stacks.settings import LlmEndpointSettings
 
@@ -76,7 +75,7 @@ def container_environment(
     return env
 
 
-class LlmEndpoint(Construct):
+class LlmEndpoint(ModelEndpointConstruct):
     """A SageMaker real-time endpoint serving the base model and its LoRA adapters.
 
     The image is built from ``containers/llm``; the model data is the uncompressed S3 prefix
@@ -108,14 +107,14 @@ class LlmEndpoint(Construct):
             self, "Image", dockerfile="containers/llm/Dockerfile", sources=LLM_IMAGE_SOURCES
         )
         model_prefix = settings.model.artifact_prefix
-        resources = add_model_endpoint(
+        model_data = ModelData(bucket=artifact_bucket, key=f"{model_prefix}/",
+                               read_prefix=model_prefix)
+        self.resources = add_model_endpoint(
             self,
             endpoint_name=endpoint_name,
             variant_name=variant_name,
             image=self.ecr_image,
-            model_data=ModelData(
-                bucket=artifact_bucket, key=f"{model_prefix}/", read_prefix=model_prefix
-            ),
+            model_data=model_data,
             environment=container_environment(
                 settings, self.memory_plan, endpoint_name=endpoint_name, variant_name=variant_name
             ),
@@ -128,15 +127,11 @@ class LlmEndpoint(Construct):
             network=network,
             rollback_alarms=rollback_alarms,
         )
-        self.execution_role = resources.execution_role
-        self.sagemaker_model = resources.sagemaker_model
-        self.sagemaker_endpoint_config = resources.sagemaker_endpoint_config
-        self.sagemaker_endpoint = resources.sagemaker_endpoint
-
         adapters = ", ".join(a.name for a in settings.adapters) or "none"
-        cdk.CfnOutput(self, "EndpointName", value=endpoint_name,
-                      description=f"LLM endpoint; `model` may name an adapter ({adapters})",
-                      export_name=f"{cdk.Stack.of(self).stack_name}-LlmEndpointName")
-        cdk.CfnOutput(self, "ModelDataUri",
-                      value=f"s3://{artifact_bucket.bucket_name}/{model_prefix}/",
-                      description="Upload the base model here and each adapter to adapters/<name>/")
+        self.add_outputs(
+            endpoint_name=endpoint_name,
+            description=f"LLM endpoint; `model` may name an adapter ({adapters})",
+            export_suffix="LlmEndpointName",
+            model_data=model_data,
+            model_data_description="Upload the base model here, each adapter to adapters/<name>/",
+        )

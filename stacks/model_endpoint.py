@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_kms as kms
@@ -55,6 +56,40 @@ class EndpointResources:
     sagemaker_model: sagemaker.CfnModel
     sagemaker_endpoint_config: sagemaker.CfnEndpointConfig
     sagemaker_endpoint: sagemaker.CfnEndpoint
+
+
+class ModelEndpointConstruct(Construct):
+    """Base of the endpoint constructs: the resources they built and the outputs operators use."""
+
+    resources: EndpointResources
+
+    @property
+    def execution_role(self) -> ModelExecutionRole:
+        """The model's least-privilege execution role."""
+        return self.resources.execution_role
+
+    @property
+    def sagemaker_model(self) -> sagemaker.CfnModel:
+        """The SageMaker model."""
+        return self.resources.sagemaker_model
+
+    @property
+    def sagemaker_endpoint_config(self) -> sagemaker.CfnEndpointConfig:
+        """The endpoint config (its name is left to CloudFormation)."""
+        return self.resources.sagemaker_endpoint_config
+
+    @property
+    def sagemaker_endpoint(self) -> sagemaker.CfnEndpoint:
+        """The endpoint (its name is stable)."""
+        return self.resources.sagemaker_endpoint
+
+    def add_outputs(self, *, endpoint_name: str, description: str, export_suffix: str,
+                    model_data: ModelData, model_data_description: str) -> None:
+        """The endpoint name (exported for clients) and where its model data goes."""
+        cdk.CfnOutput(self, "EndpointName", value=endpoint_name, description=description,
+                      export_name=f"{cdk.Stack.of(self).stack_name}-{export_suffix}")
+        cdk.CfnOutput(self, "ModelDataUri", value=model_data.uri,
+                      description=model_data_description)
 
 
 def add_model_endpoint(
