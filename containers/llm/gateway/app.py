@@ -372,6 +372,7 @@ class GatewayRuntime:
         transport = httpx.ASGITransport(app=self.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmup",
                                      timeout=self.settings.gateway.request_deadline_s) as client:
+            deadline = self.clock() + self.settings.gateway.warmup_timeout_s
             while not self.warmed_up and not self.draining:
                 ok = await run_warmup(client, self, progress=self._set_warmup_progress)
                 if ok:
@@ -379,6 +380,13 @@ class GatewayRuntime:
                     self.telemetry.log("warmup_complete", progress=self.warmup_progress)
                     return
                 if self.supervisor.phase is EnginePhase.FAILED:
+                    return
+                if self.clock() >= deadline:
+                    self._fatal(
+                        f"warmup did not succeed within GATEWAY_WARMUP_TIMEOUT_S="
+                        f"{self.settings.gateway.warmup_timeout_s:g} s (last: "
+                        f"{self.warmup_progress}); see the warmup_failed log lines"
+                    )
                     return
                 await asyncio.sleep(0.5)
 

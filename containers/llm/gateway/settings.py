@@ -114,6 +114,9 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("GATEWAY_EXPECTED_KV_TOKENS", None,
                 "KV pool the GPU budget planned; the engine's real pool is compared with it at "
                 "start (a warning beyond 10 %); admission always uses the engine's figure."),
+    SettingSpec("GATEWAY_WARMUP_TIMEOUT_S", "600",
+                "Warmup must succeed within this long after the engine is ready, else /ping "
+                "turns red (failed) and SageMaker replaces the instance."),
     SettingSpec("GATEWAY_DRAIN_TIMEOUT_S", "25",
                 "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s)."),
     # --- metrics and test mode -------------------------------------------------------------------
@@ -248,6 +251,7 @@ class GatewaySettings:
     crash_loop_window_s: float
     recovery_grace_s: float
     expected_kv_tokens: int | None
+    warmup_timeout_s: float
     drain_timeout_s: float
     metrics_endpoint_name: str
     metrics_variant_name: str
@@ -577,6 +581,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         recovery_grace_s=reader.number("GATEWAY_RECOVERY_GRACE_S", low=0.0, high=3600.0,
                                        low_open=True),
         expected_kv_tokens=reader.optional_int("GATEWAY_EXPECTED_KV_TOKENS", minimum=1),
+        warmup_timeout_s=reader.number("GATEWAY_WARMUP_TIMEOUT_S", low=1.0, high=3600.0),
         drain_timeout_s=reader.number("GATEWAY_DRAIN_TIMEOUT_S", low=0.0,
                                       high=SAGEMAKER_SIGKILL_AFTER_S, high_open=True),
         metrics_endpoint_name=reader.text("GATEWAY_METRICS_ENDPOINT_NAME"),

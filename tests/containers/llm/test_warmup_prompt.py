@@ -27,3 +27,29 @@ def test_a_system_prompt_over_budget_is_reported_and_warmup_still_runs(make_runt
     (warning,) = [json.loads(line) for line in lines if "warmup_system_prompt_over_budget" in line]
     assert warning["level"] == "warning"
     assert warning["system_prompt_tokens"] > warning["system_budget_tokens"] == 128
+
+
+def test_warmup_that_never_succeeds_turns_ping_red_after_its_time_bound(
+    make_runtime: Any, monkeypatch: Any,
+) -> None:
+    import asyncio
+
+    import gateway.app
+
+    async def never(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    monkeypatch.setattr(gateway.app, "run_warmup", never)
+    runtime, lines = make_runtime(GATEWAY_WARMUP_TIMEOUT_S="1")
+
+    async def scenario() -> None:
+        await runtime._startup()
+        await runtime.supervisor.close()
+
+    asyncio.run(scenario())
+    response = runtime.ping()
+    body = json.loads(response.body)
+    assert response.status_code == 503
+    assert body["status"] == "failed"
+    assert "GATEWAY_WARMUP_TIMEOUT_S=1 s" in body["reason"]
+    assert [json.loads(line) for line in lines if '"fatal"' in line]
