@@ -19,7 +19,7 @@ from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from metrics_contract import MetricSpec
+from metrics_contract import MetricSpec, metric
 
 RUNBOOK_BASE_URL = "https://github.com/manga-assist/gpu-inference-platform/blob/main/docs/runbooks"
 """Where runbook links in alarm descriptions point: this repository's docs/runbooks/."""
@@ -35,7 +35,19 @@ def contract_metric(
     period: cdk.Duration,
     label: str | None = None,
 ) -> cloudwatch.Metric:
-    """A CloudWatch metric for a contract entry, published with exactly its dimensions."""
+    """A CloudWatch metric for a contract entry, published with exactly its dimensions.
+
+    ValueError for a :class:`MetricSpec` the contract does not hold (made up or altered), so
+    neither an alarm nor a widget can watch a metric nobody emits.
+    """
+    try:
+        known = metric(spec.name, spec.namespace)
+    except KeyError as error:
+        raise ValueError(str(error.args[0])) from None
+    if known != spec:
+        raise ValueError(
+            f"{spec.namespace}/{spec.name} differs from the contract's definition ({known})"
+        )
     if set(dimensions) != set(spec.dimensions):
         raise ValueError(
             f"{spec.name} is published with dimensions {list(spec.dimensions)}, "

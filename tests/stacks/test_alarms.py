@@ -136,3 +136,19 @@ def test_a_rule_must_name_a_metric_or_an_expression() -> None:
         AlarmRule(name="x", threshold=1, comparison=None, period_s=60,  # type: ignore[arg-type]
                   evaluation_periods=1, datapoints_to_alarm=1, missing_data=None,  # type: ignore[arg-type]
                   severity="warn", meaning="m", runbook="r.md")
+
+
+def test_contract_metric_refuses_a_spec_outside_the_contract() -> None:
+    import dataclasses
+
+    import aws_cdk as cdk
+
+    from stacks.alarms import contract_metric
+
+    dims = {"EndpointName": "e", "VariantName": "v"}
+    made_up = dataclasses.replace(mc.FALLBACKS, name="Fallbackz")
+    with pytest.raises(ValueError, match="'Fallbackz' is not in the contract"):
+        contract_metric(made_up, dims, statistic="Sum", period=cdk.Duration.minutes(1))
+    with pytest.raises(ValueError, match="differs from the contract"):
+        contract_metric(dataclasses.replace(mc.FALLBACKS, unit=mc.Unit.PERCENT), dims,
+                        statistic="Sum", period=cdk.Duration.minutes(1))
