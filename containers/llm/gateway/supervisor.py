@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.engines.base import EngineDead, InferenceEngine
+from gateway.engines.base import EngineConfigError, EngineDead, InferenceEngine
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 
 EngineFactory = Callable[[], InferenceEngine]
@@ -26,7 +26,15 @@ LogCallback = Callable[..., None]
 
 
 class EngineStartFailed(RuntimeError):
-    """The engine could not be started within the bounded attempts."""
+    """The engine could not be started within the bounded attempts, or cannot start at all.
+
+    ``config_error`` is set when the settings themselves were refused (EngineConfigError): the
+    process should exit with the configuration exit code rather than the engine one.
+    """
+
+    def __init__(self, reason: str, *, config_error: EngineConfigError | None = None) -> None:
+        super().__init__(reason)
+        self.config_error = config_error
 
 
 class EngineSupervisor:
@@ -62,6 +70,8 @@ class EngineSupervisor:
         self.restarts = 0
         self.recovering_since: float | None = None
         self.failure_reason: str | None = None
+        self.last_start_error: str | None = None
+        """The last failed (re)build attempt, shown by /ping while the next one runs."""
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -122,6 +132,7 @@ class EngineSupervisor:
         self.engine = engine
         self.phase = EnginePhase.READY
         self.recovering_since = None
+        self.last_start_error = None
         self._ready.set()
         self._on_ready(self.generation, engine)
 
@@ -139,8 +150,18 @@ class EngineSupervisor:
                 return engine
             except asyncio.CancelledError:
                 raise
-            except Exception as error:  # any build failure counts as one failed attempt
+            except EngineConfigError as error:  # the settings are wrong: no attempt can succeed
+                if engine is not None:
+                    await self._shutdown_engine(engine)
+                self._log("engine_config_refused", level="error", purpose=purpose,
+                          setting=error.setting, error=str(error))
+                self.phase = EnginePhase.FAILED
+                self.failure_reason = str(error)
+                raise EngineStartFailed(str(error), config_error=error) from error
+            except Exception as error:  # any other build failure counts as one failed attempt
                 last_error = error
+                self.last_start_error = (f"attempt {attempt}/{self.restart.max_attempts} "
+                                         f"failed: {type(error).__name__}: {error}")[:300]
                 self._log("engine_start_failed", level="error", purpose=purpose, attempt=attempt,
                           max_attempts=self.restart.max_attempts, error=repr(error))
                 if engine is not None:

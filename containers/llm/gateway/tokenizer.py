@@ -36,7 +36,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from gateway.engines.base import RenderedPrompt
+from gateway.engines.base import ChatRenderer, RenderedPrompt
 
 FALLBACK_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -170,6 +170,9 @@ class ChatTokenizer:
         except jinja2.TemplateSyntaxError as error:
             raise ModelDirError(f"the chat template does not parse: {error}") from error
         self.cache = TokenCache(cache_max_tokens)
+        self.reference: ChatRenderer | None = None
+        """When set, the engine tokenizer's own rendering: it gives every prompt's token ids
+        (gateway.rendering switches to it when the gateway's rendering differs from it)."""
         self._segment_ids: dict[str, array[int]] = {}
         self._skeletons: OrderedDict[tuple[tuple[str, ...], bool], list[str] | None] = (
             OrderedDict())
@@ -272,12 +275,20 @@ class ChatTokenizer:
 
         ``known_ids`` (aligned with ``turns``) may carry content ids the caller already looked up.
         """
+        if self.reference is not None and add_generation_prompt:
+            text = self.render_text(turns, add_generation_prompt=add_generation_prompt)
+            messages = [{"role": turn.role, "content": turn.content} for turn in turns]
+            return RenderedPrompt(text=text, token_ids=array("i", self.reference(messages)))
         if self.segmented:
             assembled = self._assemble(turns, add_generation_prompt, known_ids)
             if assembled is not None:
                 return assembled
         text = self.render_text(turns, add_generation_prompt=add_generation_prompt)
         return RenderedPrompt(text=text, token_ids=array("i", self.encode(text)))
+
+    def render_whole(self, turns: Sequence[ChatTurn]) -> list[int]:
+        """Token ids of the whole rendered text with the generation prompt (no segment cache)."""
+        return self.encode(self.render_text(turns, add_generation_prompt=True))
 
     def _literals(self, roles: tuple[str, ...], add_generation_prompt: bool) -> list[str] | None:
         """The template's literal text around each message for this role sequence (cached)."""

@@ -128,7 +128,7 @@ def test_sigterm_drains_in_flight_requests(start_gateway: Any) -> None:
     assert result["status"] == 200
     assert result["body"]["usage"]["completion_tokens"] == 100
     assert result["body"]["choices"][0]["finish_reason"] == "length"
-    assert code in (0, -signal.SIGTERM)
+    assert code == 0, "a drained stop is a normal stop"
     assert any(line.get("event") == "gateway_stopped" for line in gateway.lines())
 
 

@@ -8,8 +8,9 @@ streaming, error translation, stats, and the supervisor rebuilding a dead engine
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ from gateway.engines import engine_builder
 from gateway.engines.base import (
     AdapterRef,
     AdapterUnavailable,
+    EngineConfigError,
     EngineDead,
     EngineError,
     EngineOutOfMemory,
@@ -26,11 +28,17 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
 )
-from gateway.engines.vllm import VllmApi, VllmEngine, engine_arguments
+from gateway.engines.vllm import (
+    BLOCK_SIZE_MULTIPLE,
+    VllmApi,
+    VllmEngine,
+    engine_arguments,
+    token_ids_of,
+)
 from gateway.health import CrashLoopDetector, RestartPolicy
 from gateway.routing import adapter_refs
 from gateway.settings import load_settings
-from gateway.supervisor import EngineSupervisor
+from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from stacks.llm_endpoint import container_environment
 from stacks.settings import load_settings as load_stack_settings
 
@@ -49,8 +57,15 @@ class FakeOutOfMemoryError(RuntimeError):
 
 
 class FakeEngineArgs:
+    config_error: ClassVar[BaseException | None] = None
+
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
+
+    def create_engine_config(self) -> FakeVllmConfig:
+        if self.config_error is not None:
+            raise self.config_error
+        return FakeVllmConfig(engine_args=self)
 
 
 @dataclass
@@ -101,6 +116,7 @@ class FakeCacheConfig:
 
 @dataclass
 class FakeVllmConfig:
+    engine_args: FakeEngineArgs | None = None
     cache_config: FakeCacheConfig = field(default_factory=FakeCacheConfig)
 
 
@@ -127,11 +143,14 @@ class FakeAsyncLLM:
         self.raise_in_generate: BaseException | None = None
 
     @classmethod
-    def from_engine_args(cls, engine_args: FakeEngineArgs, *,
-                         stat_loggers: list[Any]) -> FakeAsyncLLM:
+    def from_vllm_config(cls, vllm_config: FakeVllmConfig, *, stat_loggers: list[Any],
+                         enable_log_requests: bool, disable_log_stats: bool) -> FakeAsyncLLM:
+        assert vllm_config.engine_args is not None
+        assert enable_log_requests is False
+        assert disable_log_stats is False
         if cls.start_error is not None:
             raise cls.start_error
-        engine = cls(engine_args, stat_loggers)
+        engine = cls(vllm_config.engine_args, stat_loggers)
         cls.instances.append(engine)
         return engine
 
@@ -158,11 +177,14 @@ class FakeAsyncLLM:
 
     def get_tokenizer(self) -> Any:
         class Tokenizer:
+            """transformers 5: ``tokenize=True`` returns a BatchEncoding (a mapping)."""
+
             def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool,
-                                    add_generation_prompt: bool) -> list[int]:
+                                    add_generation_prompt: bool) -> dict[str, list[int]]:
                 assert tokenize
                 assert add_generation_prompt
-                return [len(m["content"]) for m in messages]
+                return {"input_ids": [len(m["content"]) for m in messages],
+                        "attention_mask": [1] * len(messages)}
 
         return Tokenizer()
 
@@ -194,6 +216,7 @@ def _reset_fakes() -> None:
     FakeAsyncLLM.instances = []
     FakeAsyncLLM.broken_adapters = set()
     FakeAsyncLLM.start_error = None
+    FakeEngineArgs.config_error = None
 
 
 def stack_environment(environment: str = "prod") -> dict[str, str]:
@@ -202,9 +225,20 @@ def stack_environment(environment: str = "prod") -> dict[str, str]:
                                  endpoint_name="manga-assist-prod-llm", variant_name="AllTraffic")
 
 
+def write_model_dir(path: Path, max_position_embeddings: int = 8192) -> Path:
+    """What the adapter checks before starting vLLM: config.json and a weight file."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"],
+        "max_position_embeddings": max_position_embeddings}), encoding="utf-8")
+    (path / "model.safetensors").write_bytes(b"weights")
+    return path
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Any:
-    return load_settings({**stack_environment(), "GATEWAY_MODEL_DIR": str(tmp_path)})
+    return load_settings({**stack_environment(),
+                          "GATEWAY_MODEL_DIR": str(write_model_dir(tmp_path))})
 
 
 blocking_calls: list[str] = []
@@ -267,7 +301,7 @@ def test_start_builds_off_the_event_loop_and_reports_the_real_pool(settings: Any
     engine = make_engine(settings)
     asyncio.run(engine.start())
     (llm,) = FakeAsyncLLM.instances
-    assert blocking_calls == ["from_engine_args"]
+    assert blocking_calls == ["create_engine_config", "from_vllm_config"]
     assert llm.engine_args.kwargs == engine_arguments(settings)
     assert len(llm.stat_loggers) == 1
     capacity = engine.kv_capacity()
@@ -444,10 +478,146 @@ def test_the_supervisor_rebuilds_a_dead_vllm_engine_in_process(settings: Any) ->
     assert len(ready) == 2
 
 
-def test_render_chat_uses_the_engine_tokenizers_template(settings: Any) -> None:
+def test_the_chat_renderer_is_the_engine_tokenizers_template(settings: Any) -> None:
     engine = make_engine(settings)
     with pytest.raises(EngineError, match="not been started"):
-        engine.render_chat([{"role": "user", "content": "hi"}])
+        engine.chat_renderer()
     asyncio.run(engine.start())
-    assert engine.render_chat([{"role": "system", "content": "abc"},
-                               {"role": "user", "content": "hello"}]) == [3, 5]
+    render = engine.chat_renderer()
+    asyncio.run(engine.shutdown())
+    # transformers 5 answers with a BatchEncoding; the ids are its input_ids, and the renderer
+    # keeps working after the engine is gone (the gateway may render every prompt with it).
+    assert render([{"role": "system", "content": "abc"},
+                   {"role": "user", "content": "hello"}]) == [3, 5]
+
+
+@pytest.mark.parametrize("rendered", [
+    [1, 2, 3], (1, 2, 3), {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]}, [[1, 2, 3]],
+])
+def test_token_ids_of_every_shape_apply_chat_template_returns(rendered: Any) -> None:
+    assert token_ids_of(rendered) == [1, 2, 3]
+
+
+def test_token_ids_of_a_real_transformers_batch_encoding(demo_model_dir: Path) -> None:
+    """The start-up check's bug, on the real tokenizer: transformers 5 returns a BatchEncoding,
+    whose list() is its two keys."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir))
+    messages = [{"role": "user", "content": "鬼滅の刃に似たマンガは？"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert len(list(rendered)) == 2, "list() of a BatchEncoding is its keys, not the ids"
+    assert token_ids_of(rendered) == tokenizer.encode(text, add_special_tokens=False)
+
+
+# --- start-up errors that cannot heal -----------------------------------------------------------
+def test_a_setting_vllm_refuses_is_a_config_error_naming_it(settings: Any) -> None:
+    FakeEngineArgs.config_error = ValueError(
+        "User-specified max_model_len (4096) is greater than the derived max_model_len\n"
+        "(max_position_embeddings=2048 in model's config.json).")
+    with pytest.raises(EngineConfigError) as info:
+        asyncio.run(make_engine(settings).start())
+    assert info.value.setting == "ENGINE_MAX_MODEL_LEN"
+    assert str(info.value).startswith("ENGINE_MAX_MODEL_LEN=4096: vLLM refused it: User-specified")
+    assert "\n" not in str(info.value)
+    assert not FakeAsyncLLM.instances, "the engine is not started on a refused configuration"
+
+
+def test_a_block_size_the_platform_cannot_use_is_refused_before_vllm_starts(
+        tmp_path: Path) -> None:
+    env = {**stack_environment(), "GATEWAY_MODEL_DIR": str(write_model_dir(tmp_path)),
+           "ENGINE_BLOCK_SIZE": "16"}
+    engine = VllmEngine(load_settings(env), api_loader=lambda: replace(fake_api(),
+                                                                       device_type="cpu"))
+    with pytest.raises(EngineConfigError, match=r"ENGINE_BLOCK_SIZE=16: the cpu attention "
+                                                r"backend needs a multiple of 32; accepted: 32"):
+        asyncio.run(engine.start())
+    assert BLOCK_SIZE_MULTIPLE == {"cuda": 16, "cpu": 32}
+    # the same setting is fine on the image's CUDA backend
+    asyncio.run(VllmEngine(load_settings(env), api_loader=fake_api,
+                           run_blocking=run_inline).start())
+
+
+@pytest.mark.parametrize(("files", "max_positions", "expected"), [
+    ({}, 8192, "GATEWAY_MODEL_DIR=.*no config.json there"),
+    ({"config.json": "{"}, 8192, "GATEWAY_MODEL_DIR=.*config.json is not readable JSON"),
+    ({"config.json": "{}"}, 8192, "GATEWAY_MODEL_DIR=.*no weight files there"),
+    ({"config.json": "{}", "model.safetensors.index.json":
+      '{"weight_map": {"a": "model-00001-of-00002.safetensors"}}'}, 8192,
+     "1 weight shard.*missing: model-00001-of-00002.safetensors"),
+    (None, 2048, r"ENGINE_MAX_MODEL_LEN=4096: above the model's position limit of 2048 tokens"
+                 r".*accepted: at most 2048"),
+])
+def test_the_model_directory_is_checked_when_the_engine_is_built(
+        tmp_path: Path, files: dict[str, str] | None, max_positions: int, expected: str) -> None:
+    if files is None:
+        write_model_dir(tmp_path, max_position_embeddings=max_positions)
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    env = {**stack_environment(), "GATEWAY_MODEL_DIR": str(tmp_path)}
+    with pytest.raises(EngineConfigError, match=expected):
+        VllmEngine(load_settings(env), api_loader=fake_api)
+
+
+def test_rope_scaling_leaves_the_length_check_to_vllm(tmp_path: Path) -> None:
+    write_model_dir(tmp_path, max_position_embeddings=2048)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = {**stack_environment(), "GATEWAY_MODEL_DIR": str(tmp_path)}
+    VllmEngine(load_settings(env), api_loader=fake_api)  # 4096 may fit 4 x 2048: vLLM decides
+
+
+def test_the_supervisor_does_not_retry_a_config_error(settings: Any) -> None:
+    FakeEngineArgs.config_error = ValueError("max_num_batched_tokens (2) is smaller than "
+                                             "max_model_len")
+    attempts: list[int] = []
+
+    def factory() -> VllmEngine:
+        attempts.append(1)
+        return make_engine(settings)
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    async def scenario() -> None:
+        supervisor = EngineSupervisor(
+            factory, restart=RestartPolicy(max_attempts=5, backoff_s=0.01, backoff_max_s=0.01),
+            crash_loop=CrashLoopDetector(deaths=3, window_s=600),
+            on_death=lambda generation, error: None, on_ready=lambda generation, engine: None,
+            log=lambda *args, **kwargs: None, sleep=no_sleep)
+        with pytest.raises(EngineStartFailed) as info:
+            await supervisor.start()
+        assert info.value.config_error is not None
+        assert info.value.config_error.setting == "ENGINE_MAX_NUM_BATCHED_TOKENS"
+        assert supervisor.failure_reason is not None
+        assert supervisor.failure_reason.startswith("ENGINE_MAX_NUM_BATCHED_TOKENS=")
+
+    asyncio.run(scenario())
+    assert len(attempts) == 1
+
+
+def test_a_retried_start_shows_its_last_error_until_it_succeeds(settings: Any) -> None:
+    FakeAsyncLLM.start_error = RuntimeError("Engine core initialization failed")
+    seen: list[str | None] = []
+
+    async def sleep_and_heal(_: float) -> None:
+        seen.append(supervisor.last_start_error)
+        FakeAsyncLLM.start_error = None
+
+    supervisor = EngineSupervisor(
+        lambda: make_engine(settings),
+        restart=RestartPolicy(max_attempts=3, backoff_s=0.01, backoff_max_s=0.01),
+        crash_loop=CrashLoopDetector(deaths=3, window_s=600),
+        on_death=lambda generation, error: None, on_ready=lambda generation, engine: None,
+        log=lambda *args, **kwargs: None, sleep=sleep_and_heal)
+
+    async def scenario() -> None:
+        await supervisor.start()
+        await supervisor.close()
+
+    asyncio.run(scenario())
+    assert seen == ["attempt 1/3 failed: EngineError: vLLM failed to start: RuntimeError: "
+                    "Engine core initialization failed"]
+    assert supervisor.last_start_error is None

@@ -19,7 +19,7 @@ Pure module: dataclasses and a Protocol, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -36,6 +36,18 @@ class EngineDead(EngineError):
 
 class EngineOutOfMemory(EngineDead):
     """The engine died because the accelerator ran out of memory (a CUDA OOM in a step)."""
+
+
+class EngineConfigError(EngineError):
+    """The engine cannot start with these settings, and retrying will not change that.
+
+    ``setting`` names the variable (``ENGINE_BLOCK_SIZE``, ``GATEWAY_MODEL_DIR``, ...); the message
+    names its value and what is accepted. The supervisor does not retry it: the gateway exits 2.
+    """
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class EngineRequestError(EngineError):
@@ -173,12 +185,18 @@ class SupportsAdapterStatus(Protocol):
         ...
 
 
+ChatRenderer = Callable[[Sequence[Mapping[str, str]]], list[int]]
+"""Token ids of a conversation (``[{"role", "content"}, ...]``) with the generation prompt."""
+
+
 @runtime_checkable
 class SupportsChatRendering(Protocol):
     """Engines that can render a conversation with their own tokenizer and chat template."""
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` with the generation prompt, as the engine renders them."""
+    def chat_renderer(self) -> ChatRenderer:
+        """The engine tokenizer's own rendering (``apply_chat_template`` with the generation
+        prompt). The callable must keep working after the engine is shut down: the gateway may
+        render every prompt with it when its own rendering differs (see gateway.rendering)."""
         ...
 
 

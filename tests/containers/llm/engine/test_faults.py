@@ -1,0 +1,191 @@
+"""Real faults on a real engine: the engine-core process killed with SIGKILL under load (what a
+CUDA OOM in a step does to vLLM on a GPU), and SIGTERM with a stream in flight.
+
+On a GPU an out-of-memory error inside an engine step kills vLLM's engine-core child process and
+every in-flight ``generate`` gets EngineDeadError; killing that process here does exactly that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+import metrics_contract as mc
+from tests.containers.llm.engine.conftest import Servers, emf_values
+from tools.cpu_engine import EngineConfig, ServerProcess, engine_core_pid
+
+pytestmark = pytest.mark.engine
+CONCURRENT = 32
+PING_BUDGET_S = 0.100
+
+
+@pytest.fixture(scope="module")
+def gateway(servers: Servers) -> ServerProcess:
+    server = servers.gateway(EngineConfig(), GATEWAY_ENGINE_RESTART_BACKOFF_S="0.5",
+                             GATEWAY_DRAIN_TIMEOUT_S="20")
+    server.wait_healthy("/ping")
+    return server
+
+
+MESSAGES = [
+    {"role": "system", "content": "You are MangaAssist, a manga shop assistant."},
+    {"role": "user", "content": "鬼滅の刃に似たマンガを5つ教えてください。"},
+    {"role": "assistant", "content": "『呪術廻戦』『チェンソーマン』などがおすすめです。"},
+    {"role": "user", "content": "Which of them has an English edition with color pages?"},
+]
+
+
+@dataclass
+class Outcome:
+    """How one request ended."""
+
+    kind: str  # "complete", "fallback", "shed", or what went wrong
+    status: int | None = None
+    detail: str = ""
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def classify_json(response: httpx.Response) -> Outcome:
+    if response.status_code == 503:
+        return Outcome("shed" if response.headers.get("Retry-After") else "503 without "
+                       "Retry-After", 503, response.text[:200])
+    if response.status_code != 200:
+        return Outcome(f"status {response.status_code}", response.status_code,
+                       response.text[:200])
+    body = response.json()
+    extension = body["mangaassist"]
+    if extension["fallback"]:
+        return Outcome("fallback", 200, extension["fallback"]["reason"])
+    finish = body["choices"][0]["finish_reason"]
+    return Outcome("complete" if finish in ("stop", "length") else f"finish {finish}", 200)
+
+
+async def send(client: httpx.AsyncClient, index: int, streaming: bool,
+               first_tokens: asyncio.Event) -> Outcome:
+    body = {"model": "manga" if index % 2 else "tiny-llama3", "messages": MESSAGES,
+            "max_tokens": 160, "temperature": 0.8}
+    try:
+        if not streaming:
+            return classify_json(await client.post("/invocations", json=body))
+        async with client.stream("POST", "/invocations", json={**body, "stream": True}) as reply:
+            if reply.status_code != 200:
+                await reply.aread()
+                return classify_json(reply)
+            payloads: list[str] = []
+            async for line in reply.aiter_lines():
+                if line.startswith("data: "):
+                    payloads.append(line.removeprefix("data: "))
+                    if len(payloads) == 3:
+                        first_tokens.set()
+        if not payloads or payloads[-1] != "[DONE]":
+            return Outcome("stream without [DONE]", 200, repr(payloads[-2:]))
+        chunks = [json.loads(p) for p in payloads[:-1]]
+        final = chunks[-1]
+        if "error" in final:
+            return Outcome("stream error", 200, json.dumps(final)[:200])
+        reason = final["choices"][0]["finish_reason"]
+        if reason not in ("stop", "length"):
+            return Outcome("stream without final chunk", 200, json.dumps(final)[:200])
+        fallback = final["mangaassist"]["fallback"]
+        return Outcome("fallback" if fallback else "complete", 200,
+                       fallback["reason"] if fallback else "", chunks)
+    except httpx.HTTPError as error:
+        return Outcome(f"transport error {type(error).__name__}", None, str(error))
+
+
+async def poll_ping(url: str, stop: asyncio.Event, latencies: list[float],
+                    statuses: list[dict[str, Any]]) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            response = await client.get("/ping")
+            latencies.append(time.perf_counter() - started)
+            statuses.append(response.json())
+            if latencies[-1] > 0.05:
+                print("SLOW", round(time.time() % 1000, 2), round(latencies[-1] * 1000), statuses[-1]["status"], statuses[-1]["engine"], flush=True)
+            await asyncio.sleep(0.02)
+
+
+def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerProcess) -> None:
+    core = engine_core_pid(gateway.process.pid)
+    latencies: list[float] = []
+    statuses: list[dict[str, Any]] = []
+
+    async def scenario() -> list[Outcome]:
+        stop = asyncio.Event()
+        first_tokens = asyncio.Event()
+        poller = asyncio.create_task(poll_ping(gateway.url, stop, latencies, statuses))
+        limits = httpx.Limits(max_connections=CONCURRENT + 4)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60.0, limits=limits) as client:
+            requests = [asyncio.create_task(send(client, index, index % 2 == 0, first_tokens))
+                        for index in range(CONCURRENT)]
+            await asyncio.wait_for(first_tokens.wait(), timeout=60)
+            os.kill(core, signal.SIGKILL)
+            print("KILL", round(time.time() % 1000, 2), flush=True)
+            outcomes = await asyncio.gather(*requests)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # keep polling until the engine is back
+            if statuses and statuses[-1]["engine_generation"] >= 1 and \
+                    statuses[-1]["engine"] == "ready":
+                break
+            await asyncio.sleep(0.2)
+        stop.set()
+        await poller
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    kinds = [outcome.kind for outcome in outcomes]
+    summary = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+    print(f"\n{CONCURRENT} requests across the SIGKILL: {summary}; /ping p50 "
+          f"{statistics.median(latencies) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms "
+          f"over {len(latencies)} polls")
+    bad = [outcome for outcome in outcomes if outcome.kind not in ("complete", "fallback", "shed")]
+    assert not bad, bad
+    assert summary.get("fallback", 0) >= 1, "the kill must have hit requests in flight"
+    assert max(latencies) < PING_BUDGET_S, f"/ping took {max(latencies) * 1000:.0f} ms"
+    assert all(status["status"] in ("healthy", "recovering") for status in statuses), \
+        {status["status"] for status in statuses}
+
+    ping = httpx.get(f"{gateway.url}/ping", timeout=2.0).json()
+    assert ping["status"] == "healthy"
+    assert (ping["engine_generation"], ping["engine_restarts"]) == (1, 1)
+    assert ping["adapters"] == {"manga": "loaded", "support": "loaded"}
+    new_core = engine_core_pid(gateway.process.pid)
+    assert new_core != core, "a new engine core was started in the same gateway process"
+
+    answer = httpx.post(f"{gateway.url}/invocations", timeout=60.0, json={
+        "model": "manga", "messages": MESSAGES, "max_tokens": 8}).json()
+    assert answer["mangaassist"]["fallback"] is None
+    lines = gateway.json_lines()
+    assert sum(emf_values(lines, mc.ENGINE_RESTARTS.name)) == 1
+    assert len(emf_values(lines, mc.OOM_CIRCUIT_TRIPS.name)) == 1
+    (death,) = gateway.events("engine_death")
+    assert death["cause"] == "engine_dead"
+
+
+def test_sigterm_lets_a_stream_finish_then_exits_0(gateway: ServerProcess) -> None:
+    payloads: list[str] = []
+    with httpx.stream("POST", f"{gateway.url}/invocations", timeout=60.0, json={
+            "model": "tiny-llama3", "messages": MESSAGES, "max_tokens": 200, "temperature": 0,
+            "stream": True}) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                payloads.append(line.removeprefix("data: "))
+                if len(payloads) == 2:
+                    gateway.process.send_signal(signal.SIGTERM)
+    assert payloads[-1] == "[DONE]"
+    final = json.loads(payloads[-2])
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    assert final["mangaassist"]["fallback"] is None
+    assert gateway.process.wait(timeout=60) == 0
+    assert not gateway.events("fatal")

@@ -1,0 +1,80 @@
+"""KV-aware admission on a real engine whose KV pool holds only a handful of maximum-length
+sequences: under 64 concurrent long requests the gateway sheds with 429 + Retry-After instead of
+letting vLLM preempt (evict and recompute) running sequences, and nothing answers 5xx."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+import metrics_contract as mc
+from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA
+from tests.containers.llm.engine.conftest import Servers, emf_values
+from tools.cpu_engine import EngineConfig, ServerProcess
+
+pytestmark = pytest.mark.engine
+POOL_BLOCKS = 192
+"""6,144 tokens in blocks of 32: six sequences of max_model_len (1,024)."""
+CONCURRENT = 64
+MAX_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def gateway(servers: Servers) -> ServerProcess:
+    server = servers.gateway(EngineConfig(num_gpu_blocks=POOL_BLOCKS),
+                             GATEWAY_ADMISSION_WAIT_S="2")
+    server.wait_healthy("/ping")
+    return server
+
+
+def long_conversation(seed: int) -> list[dict[str, str]]:
+    """About 600 prompt tokens, different per request (no shared prefix to cache)."""
+    messages = [{"role": "system", "content": f"You are MangaAssist #{seed}."}]
+    for index in range(11):
+        pool = MANGA_CORPUS_JA if (index + seed) % 2 else MANGA_CORPUS_EN
+        role = "user" if (10 - index) % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": " ".join(
+            pool[(index + seed + k) % len(pool)] for k in range(2))})
+    return messages
+
+
+def test_a_small_pool_under_64_long_requests_sheds_instead_of_preempting(
+        gateway: ServerProcess) -> None:
+    async def one(client: httpx.AsyncClient, seed: int) -> tuple[int, dict[str, Any], str]:
+        response = await client.post("/invocations", json={
+            "model": "manga" if seed % 2 else "tiny-llama3", "messages": long_conversation(seed),
+            "max_tokens": MAX_TOKENS, "temperature": 0.8})
+        return response.status_code, response.json(), response.headers.get("Retry-After", "")
+
+    async def burst() -> list[tuple[int, dict[str, Any], str]]:
+        limits = httpx.Limits(max_connections=CONCURRENT + 4)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60.0, limits=limits) as client:
+            return await asyncio.gather(*(one(client, seed) for seed in range(CONCURRENT)))
+
+    before = gateway.json_lines()
+    results = asyncio.run(burst())
+    statuses = [status for status, _, _ in results]
+    served = [body for status, body, _ in results if status == 200]
+    shed = [(body, retry) for status, body, retry in results if status == 429]
+    # The gauge line (every second) carries vLLM's own preemption count since the last one.
+    httpx.get(f"{gateway.url}/ping", timeout=2.0)
+    asyncio.run(asyncio.sleep(1.5))
+    after = gateway.json_lines()[len(before):]
+    preemptions = sum(emf_values(after, mc.PREEMPTIONS.name))
+    reserved = [line["kv_reserved_share"] for line in after if line.get("event") == "gauges"]
+    print(f"\n{CONCURRENT} long requests on a {POOL_BLOCKS}-block pool: {len(served)} served, "
+          f"{len(shed)} shed with 429; vLLM preemptions: {preemptions:g}; peak KV reserved "
+          f"{max(reserved, default=0):.0%}")
+
+    assert set(statuses) <= {200, 429}, statuses
+    assert served, "admission must still serve what fits"
+    assert shed, "64 long requests cannot fit six sequences' worth of KV"
+    assert all(retry.isdigit() and int(retry) >= 1 for _, retry in shed)
+    assert {body["error"]["code"] for body, _ in shed} <= {"kv_watermark", "bucket_cap"}
+    assert all(body["mangaassist"]["fallback"] is None for body in served)
+    assert all(body["usage"]["prompt_tokens"] > 400 for body in served)
+    assert preemptions <= 1, f"vLLM preempted {preemptions:g} sequences"
+    assert max(reserved, default=0) <= 0.9 + 1e-9, "reservations stay under the watermark"
