@@ -34,6 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
 DEFAULT_ENVIRONMENTS: tuple[str, ...] = ("dev", "prod")
 """Environments ``app.py`` synthesizes when none is chosen (the embedded default)."""
+FOUNDATION_STACK_ID = "Foundation"
+SERVING_STACK_ID = "Serving"
+"""Stack ids inside each environment's Stage; CloudFormation names them <stage_name>-<id>."""
 
 # Regions with SageMaker real-time inference on GPU instances we use; extend as the platform moves.
 KNOWN_REGIONS: frozenset[str] = frozenset(
@@ -723,6 +726,16 @@ class EnvironmentSettings(_Strict):
     def resource_prefix(self) -> str:
         """Prefix for physical names that must be stable per environment."""
         return f"manga-assist-{self.name}"
+
+    @property
+    def foundation_stack_name(self) -> str:
+        """CloudFormation name of the Foundation stack (key, bucket, topic): Prod-Foundation."""
+        return f"{self.stage_name}-{FOUNDATION_STACK_ID}"
+
+    @property
+    def serving_stack_name(self) -> str:
+        """CloudFormation name of the Serving stack, e.g. Prod-Serving."""
+        return f"{self.stage_name}-{SERVING_STACK_ID}"
 
     @property
     def alarm_name_prefix(self) -> str:
