@@ -139,3 +139,23 @@ def test_the_intent_default_is_what_inf1_gets() -> None:
     settings = parse_settings(data, source="config/dev.yaml")
     assert settings.intent.deployment.traffic_shift == "all_at_once"
     assert settings.intent.deployment.bake_s == 0
+
+
+@pytest.mark.parametrize(("deployment", "expected"), [
+    ({"traffic_shift": "all_at_once", "bake_s": 300}, ("ALL_AT_ONCE", None, None, 300)),
+    ({"traffic_shift": "canary", "bake_s": 600}, ("CANARY", 10, None, 600)),
+    ({"traffic_shift": "linear", "linear_step_percent": 25, "bake_s": 120},
+     ("LINEAR", None, 25, 120)),
+])
+def test_each_shift_becomes_its_traffic_routing_config(deployment: dict[str, Any],
+                                                      expected: tuple[Any, ...]) -> None:
+    from stacks.model_endpoint import traffic_routing
+
+    config = traffic_routing(DeploymentSettings.model_validate(deployment))
+    canary = config.canary_size.value if config.canary_size else None  # type: ignore[union-attr]
+    linear = (config.linear_step_size.value  # type: ignore[union-attr]
+              if config.linear_step_size else None)
+    assert (config.type, canary, linear, config.wait_interval_in_seconds) == expected
+    for size in (config.canary_size, config.linear_step_size):
+        if size is not None:
+            assert size.type == "CAPACITY_PERCENT"  # type: ignore[union-attr]
