@@ -18,7 +18,12 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff deploy clean
+# The CDK Stage of ENV (config/<env>.yaml's stage_name), for `cdk deploy "<Stage>/<Stack>"`.
+STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)'
+PREFLIGHT ?= $(PY) -m tools.preflight
+DEPLOY_ARGS ?=
+
+.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff publish preflight deploy clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -76,7 +81,7 @@ lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents artifact_manifest gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
 test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest
@@ -87,8 +92,18 @@ test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gat
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
 	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)
 
-deploy: synth ## deploy one environment: make deploy ENV=prod (needs AWS credentials)
-	$(CDK) deploy --app cdk.out "$$($(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)')/*"
+publish: setup ## check, then upload model artifacts: make publish ENV=prod MODEL=<dir> ADAPTERS=<dir> INTENT=<model.tar.gz>
+	$(PY) -m tools.publish --env $(ENV) $(if $(MODEL),--model "$(MODEL)") $(if $(ADAPTERS),--adapters "$(ADAPTERS)") $(if $(INTENT),--intent "$(INTENT)") $(if $(KMS_KEY_ARN),--kms-key-arn "$(KMS_KEY_ARN)")
+
+preflight: synth ## is the account ready for the Serving stack? bootstrap, account, artifacts, quotas
+	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
+
+# An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
+# stops here until `make publish` has uploaded the artifacts), then the Serving stack.
+deploy: synth ## deploy one environment: Foundation, preflight, Serving (make deploy ENV=prod; AWS credentials)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
+	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
 
 clean: ## remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

@@ -7,8 +7,8 @@ traces it at fixed shapes (each --batch-sizes entry × --seq-length tokens, padd
 torch-neuron (inf1), torch-neuronx (inf2) or torch.jit.trace (cpu), reloads every saved
 TorchScript and checks its logits against the eager model on sample manga queries (max |Δlogit|
 bounded by --parity-bound), measures p50/p99 latency, writes the artifact to OUT/model
-(model-b<N>.pt, tokenizer, labels.json, manifest.json) and packs OUT/model.tar.gz in SageMaker's
-layout.
+(model-b<N>.pt, tokenizer, labels.json, manifest.json, artifact-manifest.json) and packs
+OUT/model.tar.gz in SageMaker's layout.
 
 inf1 and inf2 need their Neuron SDK, which only exists inside the Neuron images: without it the
 command stops at once and names the image (see docs/intent.md). Exit status: 0 compiled,
@@ -33,6 +33,8 @@ if __package__ in (None, ""):
     # `neuron` is importable and its modules cannot shadow libraries of the same name.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from artifact_manifest import MANIFEST_FILE as ARTIFACT_MANIFEST_FILE
+from artifact_manifest import describe_files, list_artifact_files
 from intents import INTENT_LABELS
 from neuron.latency import LatencyStats, format_latency_table
 from neuron.manifest import (
@@ -295,10 +297,16 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         pipeline_cores=args.pipeline_cores, compiler=prof.compiler_name, versions=versions,
         parity=parity, latency=latency,
         files_sha256=files_digest_map(artifact_dir, sorted(
-            p.name for p in artifact_dir.iterdir() if p.name != MANIFEST_FILE)),
+            p.name for p in artifact_dir.iterdir()
+            if p.name not in (MANIFEST_FILE, ARTIFACT_MANIFEST_FILE))),
         source_model=args.model_dir.resolve().name, created_unix_s=int(time.time()),
         notes=tuple(notes))
     (artifact_dir / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+    # Size and SHA-256 of every file, manifest.json included: the serving container checks the
+    # unpacked archive against it before it starts (artifact_manifest.check_model_dir).
+    (artifact_dir / ARTIFACT_MANIFEST_FILE).write_text(
+        describe_files(artifact_dir, list_artifact_files(artifact_dir)).to_json(),
+        encoding="utf-8")
     if latency:
         progress.say("  latency of the compiled model:\n" + format_latency_table(
             [latency[b] for b in sorted(latency)]))

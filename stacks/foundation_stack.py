@@ -68,6 +68,7 @@ class FoundationStack(cdk.Stack):
             encryption_key=self.kms_key,
             settings=settings.alerts,
             display_name=f"MangaAssist {settings.name} inference alarms",
+            alarm_name_prefix=settings.alarm_name_prefix,
         )
 
         cdk.CfnOutput(self, "ModelArtifactBucketName",

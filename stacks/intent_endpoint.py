@@ -3,7 +3,9 @@
 The model artifact is the ``model.tar.gz`` that ``neuron/compile.py --target inf1|inf2`` packages
 (TorchScript per batch size, tokenizer, labels, manifest); the image is built from
 ``containers/intent`` on the Neuron inference image matching the target (build argument
-``TARGET``). The server refuses an artifact compiled for another target.
+``TARGET``). The server refuses an artifact compiled for another target. On inf1 SageMaker's
+deployment guardrails do not apply: updates are blue/green all at once, without a bake or
+automatic rollback (stacks/settings.py, GUARDRAILS_EXCLUDED_FAMILIES).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from stacks.artifact_layout import ModelArtifact
 from stacks.container_image import repo_image_asset
 from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
 from stacks.network import ModelNetwork
@@ -22,6 +25,7 @@ from stacks.settings import IntentEndpointSettings
 
 INTENT_IMAGE_SOURCES: tuple[str, ...] = (
     "containers/intent",
+    "artifact_manifest",
     "intents",
     "metrics_contract",
     "neuron/__init__.py",
@@ -64,6 +68,7 @@ class IntentEndpoint(ModelEndpointConstruct):
         endpoint_name: str,
         initial_instance_count: int,
         artifact_bucket: s3.IBucket,
+        model_artifact: ModelArtifact,
         encryption_key: kms.IKey,
         network: ModelNetwork,
         rollback_alarms: Sequence[cloudwatch.IAlarm],
@@ -79,8 +84,7 @@ class IntentEndpoint(ModelEndpointConstruct):
             sources=INTENT_IMAGE_SOURCES,
             build_args={"TARGET": settings.target},
         )
-        model_data = ModelData(bucket=artifact_bucket, key=settings.artifact_key,
-                               read_prefix=settings.artifact_key.rsplit("/", 1)[0])
+        model_data = ModelData.of(artifact_bucket, model_artifact)
         self.resources = add_model_endpoint(
             self,
             endpoint_name=endpoint_name,
@@ -104,5 +108,5 @@ class IntentEndpoint(ModelEndpointConstruct):
             description="Intent classifier endpoint (intent + confidence + scores)",
             export_suffix="IntentEndpointName",
             model_data=model_data,
-            model_data_description="Upload neuron/compile.py's model.tar.gz here",
+            model_data_description="neuron/compile.py's model.tar.gz; `make publish` uploads it",
         )

@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from gpu_budget import MemoryPlan
+from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
 from stacks.container_image import repo_image_asset
 from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
 from stacks.network import ModelNetwork
@@ -26,6 +27,7 @@ CUDA13_INFERENCE_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 MODEL_DIR = "/opt/ml/model"
 LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "containers/llm",
+    "artifact_manifest",
     "gpu_budget",
     "metrics_contract",
     "intents",
@@ -64,7 +66,7 @@ def container_environment(
             "GATEWAY_ENGINE": "vllm",
             "GATEWAY_MODEL_DIR": MODEL_DIR,
             "GATEWAY_SERVED_MODEL_NAME": settings.model.served_model_name,
-            "GATEWAY_ADAPTERS_DIR": f"{MODEL_DIR}/adapters",
+            "GATEWAY_ADAPTERS_DIR": f"{MODEL_DIR}/{ADAPTERS_DIR}",
             "GATEWAY_ADAPTERS": ",".join(f"{a.name}={a.folder}" for a in settings.adapters),
             "GATEWAY_ROUTING_TABLE": routing,
             "GATEWAY_LOCALE_ROUTES": locale_routes,
@@ -79,9 +81,9 @@ class LlmEndpoint(ModelEndpointConstruct):
     """A SageMaker real-time endpoint serving the base model and its LoRA adapters.
 
     The image is built from ``containers/llm``; the model data is the uncompressed S3 prefix
-    ``<artifact_prefix>/`` (weights, tokenizer, ``adapters/<name>/``); the engine settings are
-    the GPU budget's plan; everything else is :func:`add_model_endpoint`'s secure defaults plus
-    the CUDA 13 inference AMI.
+    ``model_artifact`` names (weights, tokenizer, ``adapters/<directory>/``, the manifest
+    ``make publish`` wrote); the engine settings are the GPU budget's plan; everything else is
+    :func:`add_model_endpoint`'s secure defaults plus the CUDA 13 inference AMI.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class LlmEndpoint(ModelEndpointConstruct):
         endpoint_name: str,
         initial_instance_count: int,
         artifact_bucket: s3.IBucket,
+        model_artifact: ModelArtifact,
         encryption_key: kms.IKey,
         network: ModelNetwork,
         rollback_alarms: Sequence[cloudwatch.IAlarm],
@@ -106,9 +109,7 @@ class LlmEndpoint(ModelEndpointConstruct):
         self.ecr_image = repo_image_asset(
             self, "Image", dockerfile="containers/llm/Dockerfile", sources=LLM_IMAGE_SOURCES
         )
-        model_prefix = settings.model.artifact_prefix
-        model_data = ModelData(bucket=artifact_bucket, key=f"{model_prefix}/",
-                               read_prefix=model_prefix)
+        model_data = ModelData.of(artifact_bucket, model_artifact)
         self.resources = add_model_endpoint(
             self,
             endpoint_name=endpoint_name,
@@ -133,5 +134,6 @@ class LlmEndpoint(ModelEndpointConstruct):
             description=f"LLM endpoint; `model` may name an adapter ({adapters})",
             export_suffix="LlmEndpointName",
             model_data=model_data,
-            model_data_description="Upload the base model here, each adapter to adapters/<name>/",
+            model_data_description="Model data: `make publish` uploads the base model here and "
+            "each adapter to adapters/<directory>/",
         )

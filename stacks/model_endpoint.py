@@ -2,9 +2,11 @@
 
 Both endpoints (the vLLM one and the intent classifier) are built by :func:`add_model_endpoint`:
 network isolation in the isolated subnets; an execution role that reads only the endpoint's
-artifacts, pulls only its image and writes only its log group; least-outstanding-requests
-routing; blue/green updates with a canary and automatic rollback on alarms; endpoint-config names
-left to CloudFormation so that any change can replace the config; the endpoint name stable.
+artifacts, pulls only its image and writes only its log group and metrics; least-outstanding-
+requests routing; blue/green updates shifted as the settings say (all at once, canary or linear)
+with automatic rollback on alarms where SageMaker's deployment guardrails apply (not on Inf1);
+endpoint-config names left to CloudFormation so that any change can replace the config; the
+endpoint name stable.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from gpu_budget import instance_type as catalog_instance
+from stacks.artifact_layout import ModelArtifact
 from stacks.model_role import ModelExecutionRole
 from stacks.network import ModelNetwork
-from stacks.settings import CanaryDeploymentSettings, HealthCheckSettings
+from stacks.settings import DeploymentSettings, HealthCheckSettings, guardrails_supported
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,11 @@ class ModelData:
     bucket: s3.IBucket
     key: str
     read_prefix: str
+
+    @classmethod
+    def of(cls, bucket: s3.IBucket, artifact: ModelArtifact) -> ModelData:
+        """The model data of ``artifact`` (stacks/artifact_layout.py) in ``bucket``."""
+        return cls(bucket=bucket, key=artifact.model_data_key, read_prefix=artifact.read_prefix)
 
     @property
     def is_prefix(self) -> bool:
@@ -104,12 +112,19 @@ def add_model_endpoint(
     initial_instance_count: int,
     inference_ami_version: str | None,
     health: HealthCheckSettings,
-    deployment: CanaryDeploymentSettings,
+    deployment: DeploymentSettings,
     encryption_key: kms.IKey,
     network: ModelNetwork,
     rollback_alarms: Sequence[cloudwatch.IAlarm],
 ) -> EndpointResources:
-    """Create the role, model, endpoint config and endpoint inside ``scope``."""
+    """Create the role, model, endpoint config and endpoint inside ``scope``.
+
+    ``rollback_alarms`` roll a deployment back only where deployment guardrails apply: on an
+    instance type they exclude (Inf1) the endpoint gets none, rather than a rollback that
+    SageMaker would not perform.
+    """
+    guardrails = guardrails_supported(instance_type)
+    rollback_alarms = list(rollback_alarms) if guardrails else []
     execution_role = ModelExecutionRole(
         scope,
         "ExecutionRole",
@@ -118,6 +133,7 @@ def add_model_endpoint(
         artifact_prefix=model_data.read_prefix,
         image=image,
         network=network,
+        reads_rollback_alarms=bool(rollback_alarms),
     )
     data_source = (
         sagemaker.CfnModel.ModelDataSourceProperty(
@@ -188,13 +204,7 @@ def add_model_endpoint(
         ],
         deployment_config=sagemaker.CfnEndpoint.DeploymentConfigProperty(
             blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
-                traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
-                    type="CANARY",
-                    canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(
-                        type="CAPACITY_PERCENT", value=deployment.canary_percent
-                    ),
-                    wait_interval_in_seconds=deployment.canary_bake_s,
-                ),
+                traffic_routing_configuration=traffic_routing(deployment),
                 termination_wait_in_seconds=deployment.termination_wait_s,
                 maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s,
             ),
@@ -203,9 +213,33 @@ def add_model_endpoint(
                     sagemaker.CfnEndpoint.AlarmProperty(alarm_name=alarm.alarm_name)
                     for alarm in rollback_alarms
                 ]
-            ),
+            )
+            if rollback_alarms
+            else None,
         ),
     )
     for alarm in rollback_alarms:
         endpoint.node.add_dependency(alarm)
     return EndpointResources(execution_role, model, endpoint_config, endpoint)
+
+
+def traffic_routing(
+    deployment: DeploymentSettings,
+) -> sagemaker.CfnEndpoint.TrafficRoutingConfigProperty:
+    """TrafficRoutingConfig of the settings: ALL_AT_ONCE, CANARY or LINEAR, then ``bake_s``.
+
+    Step sizes are capacity percentages; the settings have checked that a step is at most half
+    of the variant's instances at its minimum size (SageMaker's rule).
+    """
+    percent = deployment.step_percent
+    size = (
+        sagemaker.CfnEndpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=percent)
+        if percent is not None
+        else None
+    )
+    return sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+        type=deployment.traffic_shift.upper(),
+        canary_size=size if deployment.traffic_shift == "canary" else None,
+        linear_step_size=size if deployment.traffic_shift == "linear" else None,
+        wait_interval_in_seconds=deployment.bake_s,
+    )

@@ -1,4 +1,14 @@
-"""The execution role of a SageMaker model: read one prefix, pull one image, write its logs."""
+"""The execution role of a SageMaker model: read one prefix, pull one image, write its logs.
+
+SageMaker documents what a hosting execution role needs (SageMaker Developer Guide, "How to use
+SageMaker AI execution roles", section "CreateModel API: Execution Role Permissions",
+https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-createmodel-perms):
+cloudwatch:PutMetricData, logs:CreateLogStream, logs:PutLogEvents, logs:CreateLogGroup,
+logs:DescribeLogStreams, s3:GetObject, s3:ListBucket, ecr:GetAuthorizationToken,
+ecr:BatchCheckLayerAvailability, ecr:GetDownloadUrlForLayer, ecr:BatchGetImage; with deployment
+guardrails, cloudwatch:DescribeAlarms on the auto-rollback alarms; in a VPC, the EC2
+network-interface calls. This role grants each, scoped as narrowly as the service allows.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,11 @@ from constructs import Construct
 from stacks.nag import acknowledge
 from stacks.network import ModelNetwork
 
+SAGEMAKER_METRIC_NAMESPACES: list[str] = ["/aws/sagemaker/*"]
+"""CloudWatch namespaces the role may publish to: SageMaker's own (the endpoint instance metrics
+are in /aws/sagemaker/Endpoints). The containers' custom metrics go through EMF log lines, which
+need no PutMetricData; "AWS/" namespaces are reserved for AWS itself."""
+
 
 class ModelExecutionRole(Construct):
     """A role SageMaker assumes for one endpoint's model, and nothing more.
@@ -18,6 +33,11 @@ class ModelExecutionRole(Construct):
     * read ``<artifact_prefix>/*`` of the artifact bucket (and decrypt with its key);
     * pull the endpoint's image from its ECR repository;
     * write the endpoint's log group ``/aws/sagemaker/Endpoints/<endpoint_name>``;
+    * publish the instance metrics (``/aws/sagemaker/Endpoints``: CPU, memory, GPU and GPU
+      memory utilization, which the GPU-memory alarm and the dashboard read) and nothing else:
+      PutMetricData has no resources, so a ``cloudwatch:namespace`` condition keeps it to
+      SageMaker's own namespaces;
+    * read the auto-rollback alarms' state during a blue/green deployment (when there are any);
     * manage the network interfaces SageMaker attaches in the model's VPC.
     """
 
@@ -31,6 +51,7 @@ class ModelExecutionRole(Construct):
         artifact_prefix: str,
         image: ecr_assets.DockerImageAsset,
         network: ModelNetwork,
+        reads_rollback_alarms: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         stack = cdk.Stack.of(self)
@@ -85,6 +106,22 @@ class ModelExecutionRole(Construct):
         )
         self.iam_role.add_to_policy(
             iam.PolicyStatement(
+                sid="EndpointInstanceMetrics",
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringLike": {"cloudwatch:namespace": SAGEMAKER_METRIC_NAMESPACES}},
+            )
+        )
+        if reads_rollback_alarms:
+            self.iam_role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="DeploymentRollbackAlarms",
+                    actions=["cloudwatch:DescribeAlarms"],
+                    resources=["*"],
+                )
+            )
+        self.iam_role.add_to_policy(
+            iam.PolicyStatement(
                 sid="VpcNetworkInterfaces",
                 actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
                          "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
@@ -106,9 +143,12 @@ class ModelExecutionRole(Construct):
             self.iam_role,
             "AwsSolutions-IAM5",
             "Each wildcard is as narrow as the API allows: the objects under this model's own "
-            "prefix; the streams of this endpoint's own log group; ecr:GetAuthorizationToken and "
-            "EC2 Describe* have no resource-level permissions; the network-interface calls "
-            "SageMaker makes for the model's VPC are limited to that VPC by ec2:Vpc.",
+            "prefix; the streams of this endpoint's own log group; ecr:GetAuthorizationToken, "
+            "cloudwatch:PutMetricData (held to SageMaker's namespaces by cloudwatch:namespace) "
+            "and EC2 Describe* have no resource-level permissions; cloudwatch:DescribeAlarms "
+            "returns composite alarms only when scoped to * and SageMaker does not document how "
+            "it reads the rollback alarms; the network-interface calls SageMaker makes for the "
+            "model's VPC are limited to that VPC by ec2:Vpc.",
             applies_to=[
                 f"Resource::arn:aws:s3:::{_literal(artifact_bucket.bucket_name)}/{artifact_prefix}/*",
                 f"Resource::{log_group_arn}:log-stream:*",

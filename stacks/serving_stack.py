@@ -22,6 +22,7 @@ from stacks.alarm_rules import (
     llm_alarm_rules,
 )
 from stacks.alarms import EndpointAlarms
+from stacks.artifact_layout import artifact_layout
 from stacks.dashboard import DashboardEndpoint, InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
@@ -72,6 +73,7 @@ class ServingStack(cdk.Stack):
             encryption_key=encryption_key,
         )
         self.network.restrict_s3_endpoint(bucket_arns=[artifact_bucket.bucket_arn])
+        layout = artifact_layout(settings)
 
         llm = settings.llm
         llm_endpoint_name = f"{settings.resource_prefix}-llm"
@@ -95,6 +97,7 @@ class ServingStack(cdk.Stack):
             variant_name=VARIANT_NAME,
             initial_instance_count=llm.scaling.min_capacity,
             artifact_bucket=artifact_bucket,
+            model_artifact=layout.llm,
             encryption_key=encryption_key,
             network=self.network,
             rollback_alarms=self.llm_alarms.by_name(ROLLBACK_RULES),
@@ -118,6 +121,7 @@ class ServingStack(cdk.Stack):
             variant_name=VARIANT_NAME,
             initial_instance_count=intent.scaling.min_capacity,
             artifact_bucket=artifact_bucket,
+            model_artifact=layout.intent,
             encryption_key=encryption_key,
             network=self.network,
             rollback_alarms=self.intent_alarms.by_name(INTENT_ROLLBACK_RULES),

@@ -8,6 +8,7 @@ file, the field path, the value and what is accepted.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
 DEFAULT_ENVIRONMENTS: tuple[str, ...] = ("dev", "prod")
 """Environments ``app.py`` synthesizes when none is chosen (the embedded default)."""
+FOUNDATION_STACK_ID = "Foundation"
+SERVING_STACK_ID = "Serving"
+"""Stack ids inside each environment's Stage; CloudFormation names them <stage_name>-<id>."""
 
 # Regions with SageMaker real-time inference on GPU instances we use; extend as the platform moves.
 KNOWN_REGIONS: frozenset[str] = frozenset(
@@ -297,6 +301,11 @@ class BaseModelSettings(_Strict):
         description="Checkpoint format: bf16, fp16, int8, awq, awq-g64, w4a16, w4a16-g64."
     )
     served_model_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    base_model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")] = Field(
+        description="Hugging Face id of the model the weights were quantized from and the LoRA "
+        "adapters trained on (e.g. meta-llama/Meta-Llama-3-8B-Instruct); `make publish` refuses "
+        "an adapter whose adapter_config.json names another base model."
+    )
     artifact_prefix: S3Prefix = Field(
         description="Prefix in the artifact bucket holding the weights and tokenizer; LoRA "
         "adapters live under <prefix>/adapters/<name>/."
@@ -344,15 +353,115 @@ class HealthCheckSettings(_Strict):
     )
 
 
-class CanaryDeploymentSettings(_Strict):
-    """Blue/green updates: shift a canary share, bake, then the rest; roll back on alarms."""
+TrafficShift = Literal["all_at_once", "canary", "linear"]
 
-    canary_percent: int = Field(10, ge=1, le=50, description="Capacity share of the canary.")
-    canary_bake_s: int = Field(600, ge=0, le=3600, description="Wait before shifting the rest.")
+GUARDRAILS_EXCLUDED_FAMILIES: frozenset[str] = frozenset({"ml.inf1"})
+"""Instance families SageMaker's deployment guardrails exclude: "Endpoints that use Inf1
+(Inferentia-based) instances" fall back to "a blue/green deployment with all at once traffic
+shifting and no final baking period" (SageMaker Developer Guide, Deployment guardrails,
+Exclusions: https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-exclusions.html).
+Guardrails are traffic shifting, baking and auto-rollback, so none of them applies there."""
+
+DEFAULT_STEP_PERCENT = 10
+
+
+def guardrails_supported(instance_type: str) -> bool:
+    """Whether SageMaker applies deployment guardrails (shifting, baking, rollback) here."""
+    return ".".join(instance_type.split(".")[:2]) not in GUARDRAILS_EXCLUDED_FAMILIES
+
+
+class DeploymentSettings(_Strict):
+    """Blue/green updates: how traffic moves to the new fleet, how long alarms watch it.
+
+    ``all_at_once`` shifts everything at once and bakes ``bake_s``; ``canary`` shifts
+    ``canary_percent`` of the capacity first and bakes; ``linear`` shifts ``linear_step_percent``
+    per step, baking after each. Auto-rollback on the endpoint's rollback alarms applies to all
+    three. What SageMaker accepts also depends on the instance type and count, so the endpoint
+    settings check it (:func:`deployment_problem`).
+    """
+
+    traffic_shift: TrafficShift = Field(
+        "canary", description="all_at_once, canary or linear (TrafficRoutingConfig Type)."
+    )
+    canary_percent: int | None = Field(
+        None, ge=1, le=50, description=f"canary only: capacity share of the canary "
+        f"(default {DEFAULT_STEP_PERCENT})."
+    )
+    linear_step_percent: int | None = Field(
+        None, ge=10, le=50, description=f"linear only: capacity share per step "
+        f"(default {DEFAULT_STEP_PERCENT})."
+    )
+    bake_s: int = Field(
+        600, ge=0, le=3600,
+        description="Alarms watch the new fleet this long after each traffic step before the "
+        "next one, or before the old fleet goes (WaitIntervalInSeconds).",
+    )
     termination_wait_s: int = Field(
         300, ge=0, le=3600, description="Keep the old fleet this long after the full shift."
     )
     maximum_execution_timeout_s: int = Field(3600, ge=600, le=14400)
+
+    @model_validator(mode="after")
+    def _sizes_belong_to_their_shift(self) -> DeploymentSettings:
+        for field, shift in (("canary_percent", "canary"), ("linear_step_percent", "linear")):
+            if getattr(self, field) is not None and self.traffic_shift != shift:
+                raise ValueError(
+                    f"{field} applies to traffic_shift {shift}, not {self.traffic_shift}"
+                )
+        return self
+
+    @property
+    def step_percent(self) -> int | None:
+        """Capacity share of the first (canary) or every (linear) step; None for all-at-once."""
+        if self.traffic_shift == "canary":
+            return self.canary_percent or DEFAULT_STEP_PERCENT
+        if self.traffic_shift == "linear":
+            return self.linear_step_percent or DEFAULT_STEP_PERCENT
+        return None
+
+
+def deployment_problem(
+    deployment: DeploymentSettings, *, instance_type: str, min_capacity: int
+) -> str | None:
+    """Why SageMaker would not honour ``deployment`` on this variant, or None.
+
+    * Inf1 is excluded from deployment guardrails (:data:`GUARDRAILS_EXCLUDED_FAMILIES`): only
+      all-at-once without a bake describes what happens there.
+    * TrafficRoutingConfig: "CanarySize ... Value must be less than or equal to 50% of the
+      variant's total instance count", "LinearStepSize ... Value must be 10-50% of the variant's
+      total instance count" (SageMaker API Reference, TrafficRoutingConfig:
+      https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_TrafficRoutingConfig.html).
+      A step is whole instances, at least one, so the check is made at the variant's smallest
+      size, ``min_capacity``: a one-instance variant cannot run a canary at all.
+    """
+    shift = deployment.traffic_shift
+    if not guardrails_supported(instance_type):
+        if shift != "all_at_once":
+            return (
+                f"deployment.traffic_shift: {shift!r} is not honoured on {instance_type}: "
+                "SageMaker deployment guardrails exclude Inf1 instances, which fall back to "
+                "all-at-once with no baking period (set traffic_shift: all_at_once, bake_s: 0)"
+            )
+        if deployment.bake_s:
+            return (
+                f"deployment.bake_s: {deployment.bake_s} is not honoured on {instance_type}: "
+                "SageMaker deployment guardrails exclude Inf1 instances (no baking period); "
+                "set bake_s: 0"
+            )
+        return None
+    percent = deployment.step_percent
+    if percent is None:
+        return None
+    step_instances = max(1, math.ceil(percent * min_capacity / 100))
+    if 2 * step_instances > min_capacity:
+        field = "canary_percent" if shift == "canary" else "linear_step_percent"
+        return (
+            f"deployment.{field}: {percent} % of min_capacity {min_capacity} is a {shift} step "
+            f"of {step_instances} instance(s), more than 50 % of the variant's instance count "
+            f"(SageMaker TrafficRoutingConfig); use traffic_shift: all_at_once or raise "
+            "scaling.min_capacity"
+        )
+    return None
 
 
 class LlmEndpointSettings(_Strict):
@@ -380,7 +489,7 @@ class LlmEndpointSettings(_Strict):
         description="locale -> {adapter picked by intent: adapter to use instead}.",
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
-    deployment: CanaryDeploymentSettings = Field(default_factory=CanaryDeploymentSettings)
+    deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
     scaling: ScalingSettings
     alarms: EndpointAlarmSettings = Field(default_factory=EndpointAlarmSettings)
 
@@ -432,6 +541,14 @@ class LlmEndpointSettings(_Strict):
                 f"max_loras: {self.max_loras} is more than the {len(self.adapters)} configured "
                 "adapters"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _deployment_honoured(self) -> LlmEndpointSettings:
+        problem = deployment_problem(self.deployment, instance_type=self.instance_type,
+                                     min_capacity=self.scaling.min_capacity)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -494,11 +611,29 @@ class IntentEndpointSettings(_Strict):
         None, ge=1, le=64, description="Model copies over the NeuronCores (default: one per core)."
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
-    deployment: CanaryDeploymentSettings = Field(default_factory=CanaryDeploymentSettings)
+    deployment: DeploymentSettings = Field(
+        # inf1, the default target, is excluded from deployment guardrails: all at once, no bake.
+        default_factory=lambda: DeploymentSettings(traffic_shift="all_at_once", bake_s=0)
+    )
     scaling: ScalingSettings
     alarms: EndpointAlarmSettings = Field(
         default_factory=lambda: EndpointAlarmSettings(latency_p99_sla_ms=100)
     )
+
+    @field_validator("artifact_key")
+    @classmethod
+    def _in_a_folder(cls, value: str) -> str:
+        if "/" not in value:
+            raise ValueError(
+                "must lie in a folder (e.g. models/intent/<name>/model.tar.gz): the endpoint's "
+                "role may read that folder only"
+            )
+        return value
+
+    @property
+    def artifact_folder(self) -> str:
+        """The folder of the archive: what the execution role reads, where its manifest goes."""
+        return self.artifact_key.rsplit("/", 1)[0]
 
     @model_validator(mode="after")
     def _instance_matches_target(self) -> IntentEndpointSettings:
@@ -517,6 +652,14 @@ class IntentEndpointSettings(_Strict):
                 f"model_copies {self.model_copies} exceeds the {entry.neuron_cores} NeuronCores "
                 f"of {self.instance_type}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _deployment_honoured(self) -> IntentEndpointSettings:
+        problem = deployment_problem(self.deployment, instance_type=self.instance_type,
+                                     min_capacity=self.scaling.min_capacity)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -568,10 +711,37 @@ class EnvironmentSettings(_Strict):
             raise ValueError(f"must be one of {', '.join(sorted(KNOWN_REGIONS))}")
         return value
 
+    @model_validator(mode="after")
+    def _artifacts_apart(self) -> EnvironmentSettings:
+        llm, intent = self.llm.model.artifact_prefix, self.intent.artifact_folder
+        if f"{intent}/".startswith(f"{llm}/") or f"{llm}/".startswith(f"{intent}/"):
+            raise ValueError(
+                f"intent.artifact_key {self.intent.artifact_key!r} and "
+                f"llm.model.artifact_prefix {llm!r} overlap: SageMaker copies the LLM's whole "
+                "prefix into its model directory, so each endpoint needs its own folder"
+            )
+        return self
+
     @property
     def resource_prefix(self) -> str:
         """Prefix for physical names that must be stable per environment."""
         return f"manga-assist-{self.name}"
+
+    @property
+    def foundation_stack_name(self) -> str:
+        """CloudFormation name of the Foundation stack (key, bucket, topic): Prod-Foundation."""
+        return f"{self.stage_name}-{FOUNDATION_STACK_ID}"
+
+    @property
+    def serving_stack_name(self) -> str:
+        """CloudFormation name of the Serving stack, e.g. Prod-Serving."""
+        return f"{self.stage_name}-{SERVING_STACK_ID}"
+
+    @property
+    def alarm_name_prefix(self) -> str:
+        """Every alarm of the environment is named with this prefix (the alarm topic's policy
+        lets CloudWatch publish for exactly these alarms)."""
+        return f"{self.resource_prefix}-"
 
     @property
     def artifact_bucket_name(self) -> str:

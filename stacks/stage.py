@@ -7,7 +7,7 @@ from constructs import Construct
 
 from stacks.foundation_stack import FoundationStack
 from stacks.serving_stack import ServingStack
-from stacks.settings import EnvironmentSettings
+from stacks.settings import FOUNDATION_STACK_ID, SERVING_STACK_ID, EnvironmentSettings
 
 
 class MangaAssistStage(cdk.Stage):
@@ -20,10 +20,10 @@ class MangaAssistStage(cdk.Stage):
             env=cdk.Environment(account=settings.account, region=settings.region),
         )
         self.settings = settings
-        self.foundation = FoundationStack(self, "Foundation", settings=settings)
+        self.foundation = FoundationStack(self, FOUNDATION_STACK_ID, settings=settings)
         self.serving = ServingStack(
             self,
-            "Serving",
+            SERVING_STACK_ID,
             settings=settings,
             encryption_key=self.foundation.kms_key,
             alarm_topic=self.foundation.alarm_topic.sns_topic,

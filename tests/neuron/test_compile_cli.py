@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from artifact_manifest import artifact_files_from_json, check_model_dir
 from intents import INTENT_LABELS
 from neuron import compile as compile_cli
 from neuron.manifest import manifest_from_json
@@ -38,11 +39,18 @@ def test_cli_compiles_checks_parity_and_packages(cpu_artifact: Any) -> None:
     for stats in manifest.latency.values():
         assert stats.iterations == 8
         assert 0 < stats.min_ms <= stats.p50_ms <= stats.p99_ms <= stats.max_ms
-    # Every file but the manifest is listed with its digest, and the digests are right.
+    # Every file but the two manifests is listed with its digest, and the digests are right.
     files = sorted(p.name for p in cpu_artifact.artifact_dir.iterdir())
-    assert sorted(manifest.files_sha256) == [f for f in files if f != "manifest.json"]
+    assert sorted(manifest.files_sha256) == [
+        f for f in files if f not in ("manifest.json", "artifact-manifest.json")]
     for name, digest in manifest.files_sha256.items():
         assert sha256_file(cpu_artifact.artifact_dir / name) == digest
+    # artifact-manifest.json: size and SHA-256 of every other file, manifest.json included,
+    # so the serving container can check the unpacked archive before it starts.
+    packed = artifact_files_from_json(
+        (cpu_artifact.artifact_dir / "artifact-manifest.json").read_text())
+    assert sorted(packed.files) == [f for f in files if f != "artifact-manifest.json"]
+    assert check_model_dir(cpu_artifact.artifact_dir).files == len(files) - 1
     assert json.loads((cpu_artifact.artifact_dir / "labels.json").read_text()) == list(
         INTENT_LABELS)
 

@@ -55,14 +55,25 @@ def test_endpoint_config_on_inf1_with_the_project_key(prod: dict[str, Any]) -> N
     assert "ProjectKey" in json.dumps(config["KmsKeyId"])
 
 
-def test_endpoint_blue_green_with_rollback_alarms(prod: dict[str, Any]) -> None:
+def test_inf1_endpoint_updates_all_at_once_without_guardrails(prod: dict[str, Any]) -> None:
+    """SageMaker Developer Guide, Deployment guardrails, Exclusions
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-exclusions.html):
+    "If your endpoint uses any of the following features, you cannot use deployment guardrails
+    on your endpoint, and your endpoint will fall back to using a blue/green deployment with all
+    at once traffic shifting and no final baking period: [...] Endpoints that use Inf1
+    (Inferentia-based) instances". The template says exactly that: all at once, no bake, and no
+    auto-rollback alarms that SageMaker would not act on."""
     endpoint = resource(prod, "AWS::SageMaker::Endpoint", "IntentEndpoint")
     assert endpoint["EndpointName"] == "manga-assist-prod-intent"
-    refs = [a["AlarmName"]["Ref"] for a in
-            endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
-    names = {prod["Resources"][r]["Properties"]["AlarmName"] for r in refs}
-    assert names == {"manga-assist-prod-intent-invocation-5xx",
-                     "manga-assist-prod-intent-model-latency-p99"}
+    deployment = endpoint["DeploymentConfig"]
+    assert deployment["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
+        "Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0}
+    assert "AutoRollbackConfiguration" not in deployment
+    role = [s for r in prod["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
+            and any(ref["Ref"].startswith("IntentEndpointExecutionRole")
+                    for ref in r["Properties"]["Roles"])
+            for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    assert not [s for s in role if "cloudwatch:DescribeAlarms" in json.dumps(s)]
 
 
 def test_role_reads_only_the_archive_folder(prod: dict[str, Any]) -> None:
@@ -128,6 +139,13 @@ def test_inf2_selects_the_inf2_image_and_instance(tmp_path: Path) -> None:
         (tmp_path / "assembly-Dev" / stage.serving.template_file).read_text())
     config = resource(template, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
     assert config["ProductionVariants"][0]["InstanceType"] == "ml.inf2.xlarge"
+    # inf2 has deployment guardrails: the rollback alarms are back.
+    endpoint = resource(template, "AWS::SageMaker::Endpoint", "IntentEndpoint")
+    refs = [a["AlarmName"]["Ref"] for a in
+            endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+    names = {template["Resources"][r]["Properties"]["AlarmName"] for r in refs}
+    assert names == {"manga-assist-dev-intent-invocation-5xx",
+                     "manga-assist-dev-intent-model-latency-p99"}
     assets = json.loads(next(tmp_path.glob("assembly-Dev/DevServing*.assets.json")).read_text())
     build_args = [a["source"].get("dockerBuildArgs") for a in assets["dockerImages"].values()]
     assert {"TARGET": "inf2"} in build_args

@@ -131,20 +131,28 @@ def test_production_keeps_two_warm_instances(synthesized) -> None:  # type: igno
     assert config["ProductionVariants"][0]["InitialInstanceCount"] == 2
 
 
-def test_endpoint_is_blue_green_with_canary_and_alarm_rollback(
-    serving: dict[str, Any], stage: str
-) -> None:
+EXPECTED_TRAFFIC_ROUTING = {
+    # One instance: a canary would be the whole fleet, so Dev shifts all at once and bakes.
+    "Dev": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 300},
+    # Two instances at least: a 10 % canary is one instance (≤ 50 %), baked 10 minutes.
+    "Prod": {"Type": "CANARY", "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 10},
+             "WaitIntervalInSeconds": 600},
+}
+
+
+def test_endpoint_is_blue_green_with_alarm_rollback(serving: dict[str, Any], stage: str) -> None:
+    """SageMaker API Reference, TrafficRoutingConfig
+    (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_TrafficRoutingConfig.html):
+    "ALL_AT_ONCE: Endpoint traffic shifts to the new fleet in a single step", "CanarySize ...
+    Value must be less than or equal to 50% of the variant's total instance count",
+    WaitIntervalInSeconds "The waiting time (in seconds) between incremental steps"."""
     settings = load_settings(stage.lower()).llm.deployment
     endpoint = only(serving, "AWS::SageMaker::Endpoint")
     assert endpoint["EndpointName"] == f"manga-assist-{stage.lower()}-llm"
     assert endpoint["RetainAllVariantProperties"] is True
     deployment = endpoint["DeploymentConfig"]
     policy = deployment["BlueGreenUpdatePolicy"]
-    assert policy["TrafficRoutingConfiguration"] == {
-        "Type": "CANARY",
-        "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": settings.canary_percent},
-        "WaitIntervalInSeconds": settings.canary_bake_s,
-    }
+    assert policy["TrafficRoutingConfiguration"] == EXPECTED_TRAFFIC_ROUTING[stage]
     assert policy["TerminationWaitInSeconds"] == settings.termination_wait_s
     rollback = [a["AlarmName"]["Ref"] for a in deployment["AutoRollbackConfiguration"]["Alarms"]]
     names = {serving["Resources"][ref]["Properties"]["AlarmName"] for ref in rollback}

@@ -1,8 +1,9 @@
-"""Start the server: settings, preflight, then uvicorn on SageMaker's port.
+"""Start the server: settings, artifact check, preflight, then uvicorn on SageMaker's port.
 
-Exit status: 2 for a bad setting, 3 for an artifact or runtime the server cannot use (missing
-Neuron SDK, wrong target, bad manifest, no NeuronCore), each with one line on stderr naming the
-cause. Logs go to stderr; stdout carries only EMF metric lines.
+Exit status: 2 for a bad setting, 3 for an artifact or runtime the server cannot use (a file
+that differs from artifact-manifest.json, missing Neuron SDK, wrong target, bad manifest, no
+NeuronCore), each with one line on stderr naming the cause. Logs go to stderr; stdout carries
+only EMF metric lines.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def run(argv: Sequence[str], env: MutableMapping[str, str] | None = None) -> int
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("intent_server")
 
+    from artifact_manifest import ArtifactMismatch, check_model_dir
     from intent_server.classifier import (
         ArtifactError,
         IntentClassifier,
@@ -40,6 +42,14 @@ def run(argv: Sequence[str], env: MutableMapping[str, str] | None = None) -> int
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_SETTINGS
+    try:
+        # The unpacked model.tar.gz against the artifact-manifest.json compile.py packed into it
+        # (an archive without one, e.g. compiled before it existed, is not checked here).
+        verified = check_model_dir(settings.model_dir)
+    except ArtifactMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ARTIFACT
+    log.info(verified.describe())
     try:
         checked = preflight(settings, environment)
     except (ArtifactError, SdkUnavailableError) as error:

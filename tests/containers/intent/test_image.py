@@ -24,7 +24,7 @@ from .conftest import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "containers" / "intent" / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / "containers" / "intent" / "Dockerfile.dockerignore"
-FIRST_PARTY = ("intents", "metrics_contract", "neuron", "intent_server")
+FIRST_PARTY = ("intents", "metrics_contract", "neuron", "intent_server", "artifact_manifest")
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -205,5 +205,6 @@ def test_inf1_code_is_python_310(path: Path) -> None:
 
 def test_shared_modules_the_image_copies_are_python_310() -> None:
     for path in (REPO_ROOT / "metrics_contract" / "__init__.py",
-                 REPO_ROOT / "intents" / "__init__.py"):
+                 REPO_ROOT / "intents" / "__init__.py",
+                 REPO_ROOT / "artifact_manifest" / "__init__.py"):
         assert python_311_uses(path.read_text()) == [], f"{path} uses Python 3.11+ names"

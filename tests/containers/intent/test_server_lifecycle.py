@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from artifact_manifest import describe_files, list_artifact_files
 from intent_server.app import create_app
 from intent_server.classifier import ArtifactError, IntentClassifier, preflight
 from intent_server.metrics import EmfWriter
@@ -95,9 +97,12 @@ def _copy_model(compiled_model: Any, tmp_path: Path) -> Path:
 
 
 def _edit_manifest(model_dir: Path, **changes: Any) -> None:
+    """Change manifest.json as a different compile would, artifact-manifest.json included."""
     data = json.loads((model_dir / "manifest.json").read_text())
     data.update(changes)
     (model_dir / "manifest.json").write_text(json.dumps(data))
+    (model_dir / "artifact-manifest.json").write_text(
+        describe_files(model_dir, list_artifact_files(model_dir)).to_json())
 
 
 @pytest.mark.parametrize(("target", "image"), [("inf1", INF1_IMAGE), ("inf2", INF2_IMAGE)])
@@ -195,6 +200,35 @@ def test_serve_exits_with_one_clear_line(compiled_model: Any, tmp_path: Path) ->
     no_model = _run_serve("serve", env=server_env(tmp_path / "empty", port))
     assert no_model.returncode == 3
     assert "manifest.json not found" in no_model.stderr
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("corrupt", r"^error: artifact check: model-b4\.pt: SHA-256 [0-9a-f]{12}… differs from "
+                r"artifact-manifest\.json's [0-9a-f]{12}…"),
+    ("truncate", r"^error: artifact check: model-b4\.pt: 100 bytes, but artifact-manifest\.json "
+                 r"says \d+ \(an incomplete download"),
+    ("delete", r"^error: artifact check: tokenizer\.json: listed in artifact-manifest\.json but "
+               r"missing from "),
+])
+def test_serve_refuses_files_that_differ_from_the_artifact_manifest(
+        compiled_model: Any, tmp_path: Path, damage: str, message: str) -> None:
+    """compile.py packs artifact-manifest.json into model.tar.gz; before the port opens, the
+    server checks what SageMaker unpacked against it and exits 3 with one line naming the file."""
+    model_dir = _copy_model(compiled_model, tmp_path)
+    if damage == "corrupt":
+        with (model_dir / "model-b4.pt").open("r+b") as handle:
+            handle.seek(100)
+            handle.write(b"\x00corrupt\x00")
+    elif damage == "truncate":
+        data = (model_dir / "model-b4.pt").read_bytes()
+        (model_dir / "model-b4.pt").write_bytes(data[:100])
+    else:
+        (model_dir / "tokenizer.json").unlink()
+    result = _run_serve("serve", env=server_env(model_dir, free_port()))
+    assert result.returncode == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert re.match(message, lines[0]), lines[0]
 
 
 def test_serve_inf1_artifact_in_a_cpu_environment(compiled_model: Any, tmp_path: Path) -> None:

@@ -1,0 +1,111 @@
+"""artifact-manifest.json: round trip, refusals that name the field, and the directory check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from artifact_manifest import (
+    MANIFEST_FILE,
+    ArtifactMismatch,
+    ManifestError,
+    artifact_files_from_json,
+    check_model_dir,
+    describe_files,
+    find_mismatch,
+    list_artifact_files,
+)
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    root = tmp_path / "model"
+    (root / "adapters" / "manga").mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "model.safetensors").write_bytes(b"\x01" * 4096)
+    (root / "adapters" / "manga" / "adapter_config.json").write_text('{"r": 64}')
+    return root
+
+
+def seal(root: Path) -> None:
+    (root / MANIFEST_FILE).write_text(describe_files(root, list_artifact_files(root)).to_json())
+
+
+def test_round_trip_with_sizes_and_digests(artifact: Path) -> None:
+    names = list_artifact_files(artifact)
+    assert names == ["adapters/manga/adapter_config.json", "config.json", "model.safetensors"]
+    files = describe_files(artifact, names)
+    assert files.files["model.safetensors"].size == 4096
+    assert files.files["model.safetensors"].sha256 == hashlib.sha256(b"\x01" * 4096).hexdigest()
+    assert artifact_files_from_json(files.to_json()) == files
+    assert files.total_bytes == sum(entry.size for entry in files.files.values())
+
+
+def test_the_manifest_never_lists_itself(artifact: Path) -> None:
+    seal(artifact)
+    assert MANIFEST_FILE not in list_artifact_files(artifact)
+
+
+def test_symlinks_are_refused(artifact: Path) -> None:
+    (artifact / "link.json").symlink_to(artifact / "config.json")
+    with pytest.raises(ValueError, match=r"link\.json: a symlink"):
+        list_artifact_files(artifact)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ("not json", "not valid JSON"),
+    ({"format_version": 2, "files": {}}, "format_version 2 is not accepted"),
+    ({"format_version": 1}, "files: expected an object"),
+    ({"format_version": 1, "files": {"../etc/passwd": {"size": 1, "sha256": "0" * 64}}},
+     r"'\.\./etc/passwd' is not a plain relative path"),
+    ({"format_version": 1, "files": {"/abs": {"size": 1, "sha256": "0" * 64}}},
+     "'/abs' is not a relative path"),
+    ({"format_version": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}},
+     r"files\['a'\]\.size: -1 is not a byte count"),
+    ({"format_version": 1, "files": {"a": {"size": 1, "sha256": "ABC"}}},
+     r"files\['a'\]\.sha256: 'ABC' is not a lowercase hex SHA-256"),
+])
+def test_malformed_manifests_name_the_field(data: object, message: str) -> None:
+    text = data if isinstance(data, str) else json.dumps(data)
+    with pytest.raises(ManifestError, match=message):
+        artifact_files_from_json(text, source="s3://bucket/m.json")
+
+
+def test_check_passes_reports_and_skips_without_a_manifest(artifact: Path) -> None:
+    assert check_model_dir(artifact).files == 0
+    assert "not verified" in check_model_dir(artifact).describe()
+    seal(artifact)
+    result = check_model_dir(artifact)
+    assert result.files == 3
+    assert "3 files" in result.describe()
+
+
+def test_sizes_are_checked_before_any_file_is_hashed(artifact: Path) -> None:
+    seal(artifact)
+    # config.json sorts before model.safetensors: corrupt it (same size) and truncate the other.
+    (artifact / "config.json").write_text('{"model_type": "LLAMA"}')
+    (artifact / "model.safetensors").write_bytes(b"\x01" * 10)
+    with pytest.raises(ArtifactMismatch) as info:
+        check_model_dir(artifact)
+    assert str(info.value) == ("artifact check: model.safetensors: 10 bytes, but "
+                               "artifact-manifest.json says 4096 (an incomplete download or a "
+                               "different upload)")
+
+
+def test_a_changed_file_of_the_same_size_is_named(artifact: Path) -> None:
+    seal(artifact)
+    (artifact / "adapters" / "manga" / "adapter_config.json").write_text('{"r": 32}')
+    problem = find_mismatch(artifact, artifact_files_from_json(
+        (artifact / MANIFEST_FILE).read_text()))
+    assert problem is not None
+    assert problem.startswith("adapters/manga/adapter_config.json: SHA-256 ")
+    assert "\n" not in problem
+
+
+def test_a_broken_manifest_in_the_model_dir_is_one_line(artifact: Path) -> None:
+    (artifact / MANIFEST_FILE).write_text("{")
+    with pytest.raises(ArtifactMismatch, match=r"^artifact check: .*not valid JSON"):
+        check_model_dir(artifact)
