@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 QUANT_VENV := .venv-quant
+CHECKOV_VENV := .venv-checkov
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -35,17 +36,26 @@ $(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirement
 	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r quantization/requirements-autoawq.txt
 	touch $@
 
+# checkov's own environment (it pins boto3, packaging and importlib-metadata older than ours):
+# make synth and the test that scans the synthesized templates run it from there.
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
 
-synth: setup ## synthesize every environment offline (cdk-nag + cfn-lint), print the templates
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
 	$(CDK) synth --quiet
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
-	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean. Templates:"
+	$(PY) tools/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
+		> cdk.out/checkov-summary.txt || { cat cdk.out/checkov-summary.txt; exit 1; }
+	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
 simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
@@ -67,10 +77,10 @@ lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract request_buckets intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 $(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed $(CHECKOV_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 $(PY) -m pytest
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
 	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)

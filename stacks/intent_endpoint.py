@@ -24,6 +24,7 @@ INTENT_IMAGE_SOURCES: tuple[str, ...] = (
     "containers/intent",
     "intents",
     "metrics_contract",
+    "request_buckets",
     "neuron/__init__.py",
     "neuron/targets.py",
     "neuron/manifest.py",

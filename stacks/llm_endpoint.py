@@ -28,6 +28,7 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "containers/llm",
     "gpu_budget",
     "metrics_contract",
+    "request_buckets",
     "intents",
     "quantization/__init__.py",
     "quantization/system_prompt.py",
