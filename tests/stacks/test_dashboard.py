@@ -418,6 +418,19 @@ def test_instances_vs_schedule_uses_the_alarm_expression_and_the_settings(
     assert f"off-peak ceiling {off_peak.max_capacity}" in lines[off_peak.max_capacity]
 
 
+@pytest.mark.parametrize(("title", "endpoint"), [(LLM_TITLE, LLM_ENDPOINT),
+                                               (INTENT_TITLE, INTENT_ENDPOINT)])
+def test_instances_vs_schedule_draws_the_range_in_force_the_alarm_compares_with(
+    built: Built, title: str, endpoint: str,
+) -> None:
+    rows = {r.name: r for r in metric_rows(built.widget(title, "Instances vs schedule"))
+            if r.namespace == "MangaAssist/Inference"}
+    assert {(name, r.stat) for name, r in rows.items()} == {
+        ("MaxCapacityInForce", "Maximum"), ("MinCapacityInForce", "Minimum")}
+    assert all(r.dimensions == {"EndpointName": endpoint, "VariantName": VARIANT}
+               for r in rows.values())
+
+
 def test_invocations_per_instance_against_the_scaling_target(built: Built) -> None:
     scaling = built.settings.llm.scaling
     widget = built.widget(LLM_TITLE, "Invocations per instance vs scaling target")
