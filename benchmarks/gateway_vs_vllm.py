@@ -130,10 +130,11 @@ async def measure(server: ServerProcess, figures: Figures, *, requests: int, per
             figures.p99_ms.setdefault(turns, []).append(
                 latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000)
             for clients in CONCURRENCY:
-                async def worker(offset: int, count: int = per_client) -> int:
+                async def worker(offset: int, count: int = per_client,
+                                 length: int = turns) -> int:
                     produced = 0
                     for request in range(count):
-                        _, tokens, _ = await one(client, body(turns, offset + request, model))
+                        _, tokens, _ = await one(client, body(length, offset + request, model))
                         produced += tokens
                     return produced
 

@@ -21,11 +21,9 @@ from gpu_budget.instances import (
 )
 from gpu_budget.kv import kv_block_bytes, kv_bytes_per_token, kv_dtype_bytes, kv_pool_tokens
 from gpu_budget.lengths import (
-    REQUEST_BUCKETS,
     SEED_EXAMPLE_REQUEST_TOKENS,
     RequestLengthDistribution,
     blocks_for_tokens,
-    bucket_for,
 )
 from gpu_budget.lora import ALLOWED_LORA_RANKS, lora_bytes
 from gpu_budget.model_spec import ModelSpec, ModelSpecError, load_model_spec
@@ -59,7 +57,6 @@ __all__ = [
     "PRICES_COMPILED_ON",
     "PRICE_REGION",
     "QUANTIZATION_CHOICES",
-    "REQUEST_BUCKETS",
     "SEED_EXAMPLE_REQUEST_TOKENS",
     "BucketConcurrency",
     "BudgetError",
@@ -73,7 +70,6 @@ __all__ = [
     "UnknownInstanceTypeError",
     "WeightFormat",
     "blocks_for_tokens",
-    "bucket_for",
     "compare_engine_report",
     "engine_args_from_env",
     "engine_env_var",

@@ -1,9 +1,10 @@
-"""Request lengths: the S/M/L/XL buckets and an observed length distribution.
+"""Request lengths: blocks per request and an observed length distribution.
 
 A request's *length* here is what its KV cache must hold at the end: prompt tokens plus the
-tokens it generates. The buckets follow seed 002 (bucket traffic by token range to see whether
-long-context traffic has surged): S ≤ 512, M ≤ 2,048, L ≤ 8,192, XL beyond. The gateway's
-admission control uses the same names.
+tokens it generates. The S/M/L/XL buckets it falls in are not defined here: they belong to
+:mod:`request_buckets` (fractions of ``max_model_len``, explained there), which the gateway's
+admission, the metrics contract and the dashboard read as well, so the budget's per-bucket
+concurrency means exactly what the gateway's per-bucket caps and rejection metrics mean.
 """
 
 from __future__ import annotations
@@ -12,29 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class LengthBucket:
-    """A named range of request lengths: ``(previous bucket's max, max_tokens]``."""
-
-    name: str
-    max_tokens: int | None  # None: unbounded (XL)
-
-
-REQUEST_BUCKETS: tuple[LengthBucket, ...] = (
-    LengthBucket("S", 512),
-    LengthBucket("M", 2048),
-    LengthBucket("L", 8192),
-    LengthBucket("XL", None),
-)
-
-
-def bucket_for(tokens: int) -> LengthBucket:
-    """The bucket a request of ``tokens`` falls in."""
-    for bucket in REQUEST_BUCKETS:
-        if bucket.max_tokens is None or tokens <= bucket.max_tokens:
-            return bucket
-    return REQUEST_BUCKETS[-1]  # pragma: no cover - XL is unbounded
+from request_buckets import BUCKET_NAMES, BucketBounds
 
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
@@ -89,11 +68,11 @@ class RequestLengthDistribution:
         """Mean KV blocks per request under paged allocation."""
         return sum(blocks_for_tokens(n, block_size) for n in self.samples) / len(self.samples)
 
-    def bucket_shares(self) -> dict[str, float]:
-        """Fraction of requests in each bucket (all four keys present)."""
-        counts = {bucket.name: 0 for bucket in REQUEST_BUCKETS}
+    def bucket_shares(self, bounds: BucketBounds) -> dict[str, float]:
+        """Fraction of requests in each bucket of ``bounds`` (all four keys present)."""
+        counts = dict.fromkeys(BUCKET_NAMES, 0)
         for value in self.samples:
-            counts[bucket_for(value).name] += 1
+            counts[bounds.classify(value).value] += 1
         return {name: count / len(self.samples) for name, count in counts.items()}
 
     def count_longer_than(self, tokens: int) -> int:

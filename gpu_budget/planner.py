@@ -48,7 +48,6 @@ from gpu_budget.instances import (
 )
 from gpu_budget.kv import KV_CACHE_DTYPES, kv_bytes_per_token, kv_heads_per_gpu
 from gpu_budget.lengths import (
-    REQUEST_BUCKETS,
     RequestLengthDistribution,
     as_distribution,
     blocks_for_tokens,
@@ -64,6 +63,7 @@ from gpu_budget.weights import (
     w4a16,
     weights_bytes,
 )
+from request_buckets import RequestBucket, bucket_bounds
 
 ALLOWED_BLOCK_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
 """Block sizes vLLM's CUDA attention backends accept."""
@@ -631,28 +631,27 @@ def _assemble(req: _Request, util: float, util_source: str, max_num_seqs: int, s
     pool_blocks = sizing.pool_blocks
     pool_tokens = pool_blocks * req.block_size
     at_max = pool_blocks // blocks_for_tokens(req.max_model_len, req.block_size)
-    shares = req.lengths.bucket_shares() if req.lengths is not None else None
+    bounds = bucket_bounds(req.max_model_len)
+    shares = req.lengths.bucket_shares(bounds) if req.lengths is not None else None
     buckets: list[BucketConcurrency] = []
-    lower = 0
-    for bucket in REQUEST_BUCKETS:
-        reachable = lower < req.max_model_len
-        upper = bucket.max_tokens if bucket.max_tokens is not None else req.max_model_len
-        sized = min(upper, req.max_model_len)
-        blocks = blocks_for_tokens(sized, req.block_size) if reachable else 0
-        kv_bound = pool_blocks // blocks if reachable and blocks else 0
+    for bucket in RequestBucket:
+        # Sized at the bucket's largest request: the concurrency every request in it can get.
+        sized = bounds.upper(bucket)
+        reachable = sized > bounds.lower_exclusive(bucket)
+        blocks = blocks_for_tokens(sized, req.block_size)
+        kv_bound = pool_blocks // blocks if blocks else 0
         buckets.append(
             BucketConcurrency(
-                bucket=bucket.name,
-                max_tokens=bucket.max_tokens,
-                sized_tokens=sized if reachable else 0,
+                bucket=bucket.value,
+                max_tokens=None if bucket is RequestBucket.XL else sized,
+                sized_tokens=sized,
                 reachable=reachable,
                 blocks_per_sequence=blocks,
                 max_concurrency=kv_bound,
                 effective_concurrency=min(kv_bound, max_num_seqs),
-                share=None if shares is None else round(shares[bucket.name], 4),
+                share=None if shares is None else round(shares[bucket.value], 4),
             )
         )
-        lower = bucket.max_tokens if bucket.max_tokens is not None else lower
     mean_tokens = req.lengths.mean_tokens if req.lengths is not None else None
     at_mean = (
         int(pool_blocks // req.lengths.mean_blocks(req.block_size))

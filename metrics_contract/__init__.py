@@ -6,6 +6,10 @@ alarms and dashboard widgets from the same :class:`MetricSpec` objects, so an al
 at a metric nobody emits: :func:`emf_document` refuses a metric or dimension set that is not in the
 contract, and the stacks have no other way to name a custom metric.
 
+A dimension whose values are a closed set (the ``Bucket`` of ``AdmissionRejections``: the request
+buckets of :mod:`request_buckets`) declares them, and :func:`emf_document` refuses any other value,
+so every value emitted is one the dashboard draws a line for.
+
 Pure module: no AWS, CDK or web-framework imports.
 """
 
@@ -16,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from request_buckets import BUCKET_NAMES
 
 NAMESPACE = "MangaAssist/Inference"
 """CloudWatch namespace of every custom metric the containers and Lambdas emit."""
@@ -44,8 +50,10 @@ class Emitter(str, Enum):  # noqa: UP042
     GATEWAY = "gateway"
     CLASSIFIER = "classifier"
     CALENDAR_LAMBDA = "release-calendar-lambda"
+    SCALING_LIMITS_LAMBDA = "scaling-limits-lambda"
     SAGEMAKER = "sagemaker"
     AWS_LAMBDA = "aws-lambda"
+    AWS_SQS = "aws-sqs"
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,17 @@ class MetricSpec:
     emitter: Emitter
     namespace: str = NAMESPACE
     dimensions: tuple[str, ...] = ENDPOINT_DIMENSIONS
+    dimension_values: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(dimension, every value it may take) for dimensions with a closed set of values."""
+
+    def values_of(self, dimension: str) -> tuple[str, ...] | None:
+        """The values ``dimension`` may take, or None when it is open (endpoint names...)."""
+        return dict(self.dimension_values).get(dimension)
 
     @property
     def is_custom(self) -> bool:
         """True for metrics our own code emits (as opposed to AWS services' built-in ones)."""
-        return self.emitter not in (Emitter.SAGEMAKER, Emitter.AWS_LAMBDA)
+        return self.emitter not in (Emitter.SAGEMAKER, Emitter.AWS_LAMBDA, Emitter.AWS_SQS)
 
 
 # --- LLM gateway -------------------------------------------------------------------------------
@@ -83,8 +97,9 @@ DROPPED_TURNS = MetricSpec("DroppedTurns", Unit.COUNT,
                            "Conversation turns dropped by the sliding window.", Emitter.GATEWAY)
 ADMISSION_REJECTIONS = MetricSpec(
     "AdmissionRejections", Unit.COUNT,
-    "Requests shed by KV-aware admission (429/503 with Retry-After), per length bucket.",
-    Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"))
+    "Requests shed by KV-aware admission (429/503 with Retry-After), per request bucket.",
+    Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"),
+    dimension_values=(("Bucket", BUCKET_NAMES),))
 QUEUE_WAIT = MetricSpec("QueueWait", Unit.MILLISECONDS,
                         "Time a request waited for admission before reaching the engine.",
                         Emitter.GATEWAY)
@@ -142,6 +157,17 @@ CALENDAR_ENTRIES_SKIPPED = MetricSpec("CalendarEntriesSkipped", Unit.COUNT,
                                       "Calendar entries skipped because they are invalid.",
                                       Emitter.CALENDAR_LAMBDA, dimensions=CALENDAR_DIMENSIONS)
 
+# --- scaling-limits Lambda (the capacity range in force, once a minute) -------------------------
+MAX_CAPACITY_IN_FORCE = MetricSpec(
+    "MaxCapacityInForce", Unit.COUNT,
+    "The variant's MaxCapacity in force now, as Application Auto Scaling reports it: the daily "
+    "schedule's, a release pre-scale's, or the registered maximum.",
+    Emitter.SCALING_LIMITS_LAMBDA)
+MIN_CAPACITY_IN_FORCE = MetricSpec(
+    "MinCapacityInForce", Unit.COUNT,
+    "The variant's MinCapacity in force now (the schedule's floor or a release pre-scale's).",
+    Emitter.SCALING_LIMITS_LAMBDA)
+
 # --- SageMaker's own metrics (alarmed on, never emitted by us) ----------------------------------
 SM_INVOCATIONS = MetricSpec("Invocations", Unit.COUNT, "Requests sent to the variant.",
                             Emitter.SAGEMAKER, namespace=SAGEMAKER_NAMESPACE)
@@ -180,6 +206,17 @@ LAMBDA_NAMESPACE = "AWS/Lambda"
 LAMBDA_ERRORS = MetricSpec("Errors", Unit.COUNT, "Invocations that ended in an error.",
                            Emitter.AWS_LAMBDA, namespace=LAMBDA_NAMESPACE,
                            dimensions=("FunctionName",))
+LAMBDA_DESTINATION_DELIVERY_FAILURES = MetricSpec(
+    "DestinationDeliveryFailures", Unit.COUNT,
+    "Invocation records Lambda could not send to the function's on-failure destination.",
+    Emitter.AWS_LAMBDA, namespace=LAMBDA_NAMESPACE, dimensions=("FunctionName",))
+
+# --- Amazon SQS's own metrics (the release-calendar Lambda's failed-runs queue) -----------------
+SQS_NAMESPACE = "AWS/SQS"
+SQS_MESSAGES_VISIBLE = MetricSpec(
+    "ApproximateNumberOfMessagesVisible", Unit.COUNT,
+    "Messages waiting in the queue (here: failed calendar runs not yet replayed).",
+    Emitter.AWS_SQS, namespace=SQS_NAMESPACE, dimensions=("QueueName",))
 
 ALL_METRICS: tuple[MetricSpec, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricSpec)
@@ -235,6 +272,12 @@ def emf_document(
                 f"emf_document: {spec.name} is published with dimensions {list(spec.dimensions)},"
                 f" got {list(dim_keys)}"
             )
+        for dimension, accepted in spec.dimension_values:
+            if str(dimensions[dimension]) not in accepted:
+                raise ValueError(
+                    f"emf_document: {spec.name} {dimension}={dimensions[dimension]!r} is not "
+                    f"accepted; accepted: {', '.join(accepted)}"
+                )
         number = float(value)
         if math.isnan(number) or math.isinf(number):
             raise ValueError(f"emf_document: {spec.name} value {value!r} is not a finite number")

@@ -15,7 +15,9 @@ from stacks.settings import EndpointAlarmSettings
 
 GTE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 GT = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
+LT = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
 NOT_BREACHING = cloudwatch.TreatMissingData.NOT_BREACHING
+BREACHING = cloudwatch.TreatMissingData.BREACHING
 MISSING = cloudwatch.TreatMissingData.MISSING
 
 ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "oom-circuit-trips", "model-latency-p99")
@@ -27,31 +29,80 @@ INSTANCE_COUNT_EXPRESSION = "IF(perinstance > 0, invocations / perinstance, 0)"
 """SageMaker publishes no instance count for a variant; Invocations ÷ InvocationsPerInstance
 (both per-minute sums) is the number of InService instances whenever the variant has traffic."""
 
+MAX_IN_FORCE_ID = "maxinforce"
+"""Expression id of the published maximum in force (``MaxCapacityInForce``)."""
+
+
+def max_in_force_expression(fallback_max_capacity: int) -> str:
+    """The maximum in force, minute by minute, with its gaps filled deliberately.
+
+    The scaling-limits Lambda publishes ``MaxCapacityInForce`` once a minute. A minute it missed
+    (EventBridge jitter) repeats the last published value (``FILL(..., REPEAT)``); a window with
+    no value at all (the publisher is down) falls back to the registered maximum, so the alarm
+    degrades to "pinned at the absolute maximum" — it never pages falsely — while
+    ``capacity-limits-missing`` says the night-time and release limits are unknown.
+    """
+    return f"FILL(FILL({MAX_IN_FORCE_ID}, REPEAT), {fallback_max_capacity})"
+
 
 def capacity_pinned_rule(*, max_capacity: int, minutes: int) -> AlarmRule:
-    """Instances at the scaling maximum for ``minutes``: autoscaling has nothing left to give."""
+    """Instances at the maximum *in force* for ``minutes``: autoscaling has nothing left to give.
+
+    The maximum moves during the day: 6 between 01:00 and 08:00 Tokyo in production, 20 by day,
+    whatever a release pre-scale or a dated event sets. Application Auto Scaling publishes no
+    metric of it, so the scaling-limits Lambda publishes what DescribeScalableTargets reports
+    (``MaxCapacityInForce``) and the alarm compares the instance count with it; ``max_capacity``
+    (the registered maximum) is only the fallback while that metric is missing.
+    """
     return AlarmRule(
         name="capacity-pinned-at-max",
-        expression=INSTANCE_COUNT_EXPRESSION,
+        expression=f"({INSTANCE_COUNT_EXPRESSION}) - {max_in_force_expression(max_capacity)}",
         inputs={
             "invocations": MathInput(mc.SM_INVOCATIONS, "Sum"),
             "perinstance": MathInput(mc.SM_INVOCATIONS_PER_INSTANCE, "Sum"),
+            MAX_IN_FORCE_ID: MathInput(mc.MAX_CAPACITY_IN_FORCE, "Maximum"),
         },
-        threshold=max_capacity - 0.5,
+        # instances − max in force ≥ −0.5: at the maximum (the count is an average over the
+        # minute, so a fleet of N that briefly had N − 1 does not count as N).
+        threshold=-0.5,
         comparison=GTE,
         period_s=60,
         evaluation_periods=minutes,
         datapoints_to_alarm=minutes,
-        missing_data=NOT_BREACHING,
+        missing_data=NOT_BREACHING,  # no traffic: nothing is pinned
         severity="page",
-        meaning=f"The variant has run at its maximum of {max_capacity} instances for {minutes} "
+        meaning=f"The variant has run at the maximum instance count in force (the daily "
+        f"schedule's, a release pre-scale's or the registered {max_capacity}) for {minutes} "
         "minutes: autoscaling cannot add capacity and requests will start to be shed.",
         runbook="scaling-pinned-at-max.md",
     )
 
 
+def capacity_limits_missing_rule() -> AlarmRule:
+    """The published maximum in force is missing: the pinned alarm only knows the registered
+    maximum (it would miss a night-time or release-window surge)."""
+    return AlarmRule(
+        name="capacity-limits-missing",
+        metric=mc.MAX_CAPACITY_IN_FORCE,
+        statistic="SampleCount",
+        threshold=1,
+        comparison=LT,
+        period_s=300,
+        evaluation_periods=3,
+        datapoints_to_alarm=3,
+        missing_data=BREACHING,  # no datapoint at all is exactly the failure
+        severity="warn",
+        meaning="The scaling-limits Lambda has published no MaxCapacityInForce for this variant "
+        "for 15 minutes (failing, throttled, or the scalable target is deregistered): "
+        "capacity-pinned-at-max falls back to the registered maximum and misses surges pinned "
+        "at a lower scheduled maximum (nights, release windows).",
+        runbook="scaling-pinned-at-max.md",
+    )
+
+
 def common_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[AlarmRule]:
-    """Rules every SageMaker endpoint gets: 5xx, latency p99, capacity pinned at max."""
+    """Rules every SageMaker endpoint gets: 5xx, latency p99, capacity pinned at the maximum
+    in force, and the warning that the maximum in force is unknown."""
     return [
         AlarmRule(
             name="invocation-5xx",
@@ -85,6 +136,7 @@ def common_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[
             runbook="oom-diagnosis.md",
         ),
         capacity_pinned_rule(max_capacity=max_capacity, minutes=settings.pinned_at_max_minutes),
+        capacity_limits_missing_rule(),
     ]
 
 
@@ -216,7 +268,8 @@ def intent_alarm_rules(settings: EndpointAlarmSettings, *, max_capacity: int) ->
 
 
 def calendar_lambda_rules() -> list[AlarmRule]:
-    """The release-calendar Lambda: failed runs and skipped calendar entries."""
+    """The release-calendar Lambda: failed runs (as they happen, and kept in its queue until
+    replayed), failed runs that could not be kept, and skipped calendar entries."""
     return [
         AlarmRule(
             name="errors",
@@ -232,6 +285,39 @@ def calendar_lambda_rules() -> list[AlarmRule]:
             meaning="The release-calendar reconciler failed: the calendar could not be read or "
             "parsed, its configuration is wrong, or scheduled-action calls failed. Dated "
             "releases may not be pre-scaled.",
+            runbook="release-calendar-lambda.md",
+        ),
+        AlarmRule(
+            name="failed-runs-queued",
+            metric=mc.SQS_MESSAGES_VISIBLE,
+            statistic="Maximum",
+            threshold=1,
+            comparison=GTE,
+            period_s=300,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            # SQS stops publishing for an empty queue left idle: an empty queue is fine.
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning="A release-calendar run failed after Lambda's retries (or EventBridge could "
+            "not deliver one) and is kept in the failed-runs queue. The alarm stays in ALARM "
+            "until the message is replayed and deleted (or expires after 14 days).",
+            runbook="release-calendar-lambda.md",
+        ),
+        AlarmRule(
+            name="destination-delivery-failures",
+            metric=mc.LAMBDA_DESTINATION_DELIVERY_FAILURES,
+            statistic="Sum",
+            threshold=1,
+            comparison=GTE,
+            period_s=300,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,
+            severity="warn",
+            meaning="Lambda could not put a failed run's record on the failed-runs queue "
+            "(queue policy, KMS key policy, or the queue is gone): that failure is only in the "
+            "logs.",
             runbook="release-calendar-lambda.md",
         ),
         AlarmRule(

@@ -7,7 +7,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, acknowledge_checkov
 from stacks.settings import ArtifactBucketSettings
 
 
@@ -55,6 +55,12 @@ class ArtifactStore(Construct):
         acknowledge(
             self.s3_access_log_bucket,
             "AwsSolutions-S1",
+            "This bucket receives the artifact bucket's server access logs; logging it into "
+            "itself would create a log loop. Object-level access is in CloudTrail data events.",
+        )
+        acknowledge_checkov(
+            self.s3_access_log_bucket,
+            "CKV_AWS_18",
             "This bucket receives the artifact bucket's server access logs; logging it into "
             "itself would create a log loop. Object-level access is in CloudTrail data events.",
         )

@@ -26,8 +26,9 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 import metrics_contract as mc
-from gpu_budget import REQUEST_BUCKETS, InstanceType, instance_type
+from gpu_budget import InstanceType, instance_type
 from intents import INTENT_LABELS
+from request_buckets import bucket_bounds
 from stacks.alarm_rules import INSTANCE_COUNT_EXPRESSION
 from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule, AlarmSet, EndpointAlarms, contract_metric
 from stacks.settings import DailyFloorSettings, ScalingSettings
@@ -49,8 +50,12 @@ for _expression_id in (INVOCATIONS_ID, PER_INSTANCE_ID):
             f"{_expression_id!r}; update stacks/dashboard.py"
         )
 
-BUCKET_NAMES: tuple[str, ...] = tuple(bucket.name for bucket in REQUEST_BUCKETS)
-"""Values of the AdmissionRejections ``Bucket`` dimension (S, M, L, XL)."""
+_bucket_values = mc.ADMISSION_REJECTIONS.values_of("Bucket")
+if _bucket_values is None:  # pragma: no cover - guards metrics_contract
+    raise RuntimeError("metrics_contract: AdmissionRejections no longer declares its Bucket values")
+BUCKET_NAMES: tuple[str, ...] = _bucket_values
+"""Values of the AdmissionRejections ``Bucket`` dimension, as the contract declares them (the
+request buckets of :mod:`request_buckets`)."""
 
 DASHBOARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 """What CloudWatch accepts as a dashboard name."""
@@ -83,6 +88,8 @@ class DashboardEndpoint:
     """Min/max capacity, the scaling target and the daily floors drawn on the capacity widgets."""
     alarms: EndpointAlarms
     """The endpoint's alarms: thresholds drawn as annotations, states in the alarm widget."""
+    max_model_len: int | None = None
+    """The LLM's context window (required for ``llm``): the request buckets' token ranges."""
 
     def __post_init__(self) -> None:
         if self.kind not in ENDPOINT_KINDS:
@@ -98,6 +105,11 @@ class DashboardEndpoint:
                 f"dashboard endpoint {self.title!r}: instance_type {self.instance_type!r} has no "
                 "GPU; an llm endpoint runs vLLM on a GPU instance of the catalog"
             )
+        if self.kind == "llm":
+            if self.max_model_len is None:
+                raise ValueError(f"dashboard endpoint {self.title!r}: an llm endpoint needs "
+                                 "max_model_len (its request buckets are fractions of it)")
+            bucket_bounds(self.max_model_len)  # ValueError names a window it cannot split
 
     @property
     def instance(self) -> InstanceType:
@@ -302,6 +314,8 @@ class _EndpointSection:
         ]
 
     def llm_widgets(self) -> list[cloudwatch.IWidget]:
+        assert self.endpoint.max_model_len is not None  # checked in DashboardEndpoint
+        bounds = bucket_bounds(self.endpoint.max_model_len)
         breaker_names = {"closed": "closed", "half_open": "half-open (probing)",
                          "open": "open (XL refused, context budget cut)"}
         breaker_legend = [
@@ -357,9 +371,10 @@ class _EndpointSection:
                 annotations=breaker_legend,
             ),
             _graph(
-                self.title("Admission rejections by bucket"),
-                left=[self.metric(mc.ADMISSION_REJECTIONS, "Sum", f"AdmissionRejections {name}",
-                                  Bucket=name) for name in BUCKET_NAMES],
+                self.title("Admission rejections by bucket (prompt + max output tokens)"),
+                left=[self.metric(mc.ADMISSION_REJECTIONS, "Sum",
+                                  f"AdmissionRejections {bounds.label(name)}", Bucket=name)
+                      for name in BUCKET_NAMES],
                 left_axis="requests shed per period", stacked=True,
             ),
         ]
@@ -420,7 +435,11 @@ class _EndpointSection:
         return _graph(
             self.title("Instances vs schedule"),
             left=[self.instance_count(
-                "InService instances (Invocations ÷ InvocationsPerInstance; 0 without traffic)")],
+                "InService instances (Invocations ÷ InvocationsPerInstance; 0 without traffic)"),
+                  # The range in force (schedules, release pre-scales, dated events), as the
+                  # scaling-limits Lambda publishes it: capacity-pinned-at-max compares with it.
+                  self.metric(mc.MAX_CAPACITY_IN_FORCE, "Maximum", "MaxCapacityInForce"),
+                  self.metric(mc.MIN_CAPACITY_IN_FORCE, "Minimum", "MinCapacityInForce")],
             left_axis="instances", left_max=float(scaling.max_capacity) + 1,
             annotations=lines,
         )
@@ -494,8 +513,10 @@ def calendar_widgets(
     function_name: str,
     environment_name: str,
     alarms: AlarmSet | None,
+    failed_runs_queue_name: str | None = None,
 ) -> list[cloudwatch.IWidget]:
-    """The release-calendar Lambda's row: actions written, entries skipped, errors, alarms."""
+    """The release-calendar Lambda's row: actions written, entries skipped, errors and the
+    failed runs kept in its queue, alarms."""
     environment = {"Environment": environment_name}
 
     def calendar_metric(spec: mc.MetricSpec, statistic: str, label: str) -> cloudwatch.Metric:
@@ -537,10 +558,20 @@ def calendar_widgets(
             left_axis="failed invocations", annotations=error_lines,
         ),
     ]
+    if failed_runs_queue_name is not None:
+        queued_lines = (_threshold_line(alarms, mc.SQS_MESSAGES_VISIBLE, unit="kept")
+                        if alarms is not None else [])
+        widgets.append(_graph(
+            "Release calendar · failed runs kept (replay: runbook)",
+            left=[dashboard_metric(mc.SQS_MESSAGES_VISIBLE, {"QueueName": failed_runs_queue_name},
+                                   statistic="Maximum", label="Failed runs in the queue",
+                                   period=cdk.Duration.minutes(5))],
+            left_axis="messages", annotations=queued_lines,
+        ))
     if alarms is not None and alarms.alarms:
         widgets.append(cloudwatch.AlarmStatusWidget(
             title="Release calendar · Alarms", alarms=list(alarms.alarms.values()),
-            width=GRID_WIDTH, height=2,
+            width=GRID_WIDTH, height=2 + (len(alarms.alarms) + 3) // 4,
         ))
     return widgets
 
@@ -550,7 +581,8 @@ class InferenceDashboard(Construct):
 
     ``calendar_function_name`` adds the release-calendar row; it needs ``calendar_environment``
     (the ``Environment`` dimension the Lambda publishes with, i.e. the settings' ``name``) and
-    may take the Lambda's ``calendar_alarms`` for thresholds and an alarm-status widget.
+    may take the Lambda's ``calendar_alarms`` for thresholds and an alarm-status widget, and its
+    ``calendar_failed_runs_queue_name`` for the failed runs kept.
     """
 
     def __init__(
@@ -563,6 +595,7 @@ class InferenceDashboard(Construct):
         calendar_function_name: str | None = None,
         calendar_environment: str | None = None,
         calendar_alarms: AlarmSet | None = None,
+        calendar_failed_runs_queue_name: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
         if not cdk.Token.is_unresolved(dashboard_name) and not DASHBOARD_NAME.match(
@@ -590,6 +623,9 @@ class InferenceDashboard(Construct):
         if calendar_alarms is not None and calendar_function_name is None:
             raise ValueError(f"dashboard {dashboard_name}: calendar_alarms without "
                              "calendar_function_name")
+        if calendar_failed_runs_queue_name is not None and calendar_function_name is None:
+            raise ValueError(f"dashboard {dashboard_name}: calendar_failed_runs_queue_name "
+                             "without calendar_function_name")
 
         self.dashboard = cloudwatch.Dashboard(
             self,
@@ -609,6 +645,7 @@ class InferenceDashboard(Construct):
                 function_name=calendar_function_name,
                 environment_name=calendar_environment,
                 alarms=calendar_alarms,
+                failed_runs_queue_name=calendar_failed_runs_queue_name,
             ))
 
     @staticmethod

@@ -54,6 +54,24 @@ class FoundationStack(cdk.Stack):
                     arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)}},
             )
         )
+        # EventBridge puts events it cannot deliver on the release-calendar function's
+        # dead-letter queue, which this key encrypts; a service writing to an SQS queue under a
+        # customer-managed key needs GenerateDataKey and Decrypt in the key policy ("Access
+        # management for encrypted Amazon SQS queues with least privilege policies",
+        # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-least-privilege-policy.html).
+        self.kms_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowEventBridgeRuleDeadLetterQueues",
+                principals=[iam.ServicePrincipal("events.amazonaws.com")],
+                actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": self.account},
+                    "ArnLike": {"aws:SourceArn": self.format_arn(
+                        service="events", resource="rule", resource_name="*")},
+                },
+            )
+        )
 
         self.artifact_store = ArtifactStore(
             self,

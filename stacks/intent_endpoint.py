@@ -28,6 +28,7 @@ INTENT_IMAGE_SOURCES: tuple[str, ...] = (
     "artifact_manifest",
     "intents",
     "metrics_contract",
+    "request_buckets",
     "neuron/__init__.py",
     "neuron/targets.py",
     "neuron/manifest.py",

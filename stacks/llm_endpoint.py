@@ -30,6 +30,7 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "artifact_manifest",
     "gpu_budget",
     "metrics_contract",
+    "request_buckets",
     "intents",
     "quantization/__init__.py",
     "quantization/system_prompt.py",

@@ -1,14 +1,17 @@
-"""cdk-nag on every synth, and the one way this app acknowledges a finding.
+"""cdk-nag on every synth, and the one way this app acknowledges a finding (cdk-nag's or checkov's).
 
 cdk-nag 3.x runs as a CDK policy-validation plugin: an unacknowledged finding fails synthesis and
-writes ``validation-report.json`` into the cloud assembly. A finding is acknowledged on one
-construct at a time, with a reason a reviewer can judge; there are no stack- or app-wide
-suppressions.
+writes ``validation-report.json`` into the cloud assembly. checkov scans the synthesized
+templates afterwards (``make synth``, ``tools/checkov_scan.py``); it reads its acknowledgements
+from each resource's ``Metadata: checkov: skip:`` list, which :func:`acknowledge_checkov` writes.
+Either kind of finding is acknowledged on one resource at a time, with a reason a reviewer can
+judge; there are no stack- or app-wide suppressions.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +22,8 @@ from constructs import IConstruct
 NAG_PACK = "AwsSolutions"
 MIN_REASON_CHARS = 40
 GRANULAR_RULES = frozenset({"AwsSolutions-IAM4", "AwsSolutions-IAM5"})
+CHECKOV_CHECK_ID = re.compile(r"^CKV2?_AWS_[0-9]+$")
+"""checkov's ids for AWS CloudFormation checks (CKV_AWS_116, CKV2_AWS_5)."""
 
 
 def add_nag_checks(app: cdk.App) -> None:
@@ -49,6 +54,39 @@ def acknowledge(
     cdk.Validations.of(construct).acknowledge(
         *(cdk.Acknowledgment(id=f"{NAG_PACK}::{rule_id}", reason=reason.strip()) for rule_id in ids)
     )
+
+
+def acknowledge_checkov(construct: IConstruct, check_id: str, reason: str) -> None:
+    """Acknowledge one checkov finding on one CloudFormation resource, with a reason.
+
+    ``construct`` is the resource (a ``CfnResource``) or an L2 construct whose default child is
+    one. The acknowledgement is the resource's ``Metadata.checkov.skip`` entry
+    ``{"id": check_id, "comment": reason}``, which checkov reports as a skipped check with that
+    comment; acknowledging the same check twice on a resource is refused.
+    """
+    if not CHECKOV_CHECK_ID.match(check_id):
+        raise ValueError(
+            f"acknowledge_checkov: check id {check_id!r} is not accepted; accepted: checkov's AWS "
+            "ids such as CKV_AWS_116 or CKV2_AWS_5"
+        )
+    resource = construct if isinstance(construct, cdk.CfnResource) else construct.node.default_child
+    if not isinstance(resource, cdk.CfnResource):
+        raise ValueError(
+            f"acknowledge_checkov: {construct.node.path} is not a CloudFormation resource and has "
+            "no default child that is one; pass the resource itself"
+        )
+    if len(reason.strip()) < MIN_REASON_CHARS:
+        raise ValueError(
+            f"acknowledge_checkov: the reason for {check_id} on {resource.node.path} must explain "
+            f"the exception to a reviewer (at least {MIN_REASON_CHARS} characters)"
+        )
+    existing = resource.get_metadata("checkov") or {}
+    skips = list(existing.get("skip", []))
+    if any(entry.get("id") == check_id for entry in skips):
+        raise ValueError(f"acknowledge_checkov: {check_id} is already acknowledged on "
+                         f"{resource.node.path}")
+    skips.append({"id": check_id, "comment": reason.strip()})
+    resource.add_metadata("checkov", {**existing, "skip": skips})
 
 
 def summarize_validation_report(outdir: str | Path) -> str:

@@ -3,7 +3,15 @@
 The stack synthesizes the fixed part of the calendar (daily floors, weekly and yearly pairs);
 dated one-off events (a chapter on a known date) are kept by this function, which runs daily,
 after every deployment of the serving stack (so actions a replaced scalable target lost come back
-at once), and on demand. It owns only actions named ``calendar-dated-*``.
+at once), and on demand. It owns only actions named ``calendar-dated-*``, and IAM lets it write
+scheduled actions only on scalable targets tagged :data:`MANAGED_TARGET_TAG` with its environment.
+
+A failed run is kept, not just logged: both EventBridge rules invoke the function asynchronously,
+so a run that still fails after Lambda's retries goes to the function's on-failure destination
+(the invocation record: the event, the error, the attempts), and an event EventBridge could not
+deliver at all goes to the rules' dead-letter queue. Both are one SQS queue, encrypted with the
+project key and alarmed while it holds a message; docs/runbooks/release-calendar-lambda.md says
+how to replay one.
 """
 
 from __future__ import annotations
@@ -16,23 +24,36 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from release_calendar import CapacityModel, capacity_models_to_json
 from stacks.alarm_rules import calendar_lambda_rules
 from stacks.alarms import AlarmSet
 from stacks.container_image import repo_asset_excludes
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, acknowledge_checkov
 from stacks.settings import REPO_ROOT
 
 LAMBDA_SOURCES: tuple[str, ...] = (
-    "lambdas/release_calendar", "release_calendar", "metrics_contract"
+    "lambdas/release_calendar", "release_calendar", "metrics_contract", "request_buckets"
 )
 HANDLER = "lambdas/release_calendar/handler.handler"
 SSM_STANDARD_LIMIT_BYTES = 4096
+MANAGED_TARGET_TAG = "mangaassist:release-calendar"
+"""Tag on a scalable target whose scheduled actions this environment's reconciler may write;
+its value is the environment name (IAM condition ``aws:ResourceTag``)."""
+LAMBDA_RETRY_ATTEMPTS = 2
+"""Lambda's own retries of a failed asynchronous run (its default, stated): a throttled or
+briefly failing API call usually passes a minute later; what still fails goes to the queue."""
+MAX_EVENT_AGE = cdk.Duration.hours(6)
+"""How long Lambda keeps retrying an event (its default, stated): a day-old reconcile is
+superseded by the next daily run anyway."""
+FAILED_RUN_RETENTION = cdk.Duration.days(14)
+"""SQS's longest retention: a failed run stays visible (and alarmed) for two weeks."""
 
 
 class ReleaseCalendarReconciler(Construct):
@@ -53,7 +74,11 @@ class ReleaseCalendarReconciler(Construct):
         log_retention: logs.RetentionDays,
         alarm_topic: sns.ITopic,
     ) -> None:
+        """``scalable_targets`` maps a calendar target to its resource id; the scalable targets
+        themselves must carry :data:`MANAGED_TARGET_TAG` = ``environment_name`` (see
+        :meth:`manage`), or the function may not write their actions."""
         super().__init__(scope, id_)
+        self.environment_name = environment_name
         missing = sorted(set(scalable_targets) - set(capacity_models))
         if missing:
             raise ValueError(f"no capacity model for scalable target(s) {missing}")
@@ -82,26 +107,73 @@ class ReleaseCalendarReconciler(Construct):
         )
         log_group.grant_write(role)
         self.ssm_parameter.grant_read(role)
+        # The Describe calls support no resource-level permissions ("Actions, resources, and
+        # condition keys for AWS Application Auto Scaling", Service Authorization Reference:
+        # https://docs.aws.amazon.com/service-authorization/latest/reference/list_awsapplicationautoscaling.html).
         role.add_to_policy(
             iam.PolicyStatement(
-                sid="ManageScheduledActions",
+                sid="ReadScalingState",
                 actions=[
                     "application-autoscaling:DescribeScalableTargets",
                     "application-autoscaling:DescribeScheduledActions",
+                ],
+                resources=["*"],
+            )
+        )
+        # Put/DeleteScheduledAction act on the scalable-target resource (its ARN ends in a random
+        # id, unknown at synth) and take aws:ResourceTag (same reference): writes are limited to
+        # scalable targets this environment tagged as calendar-managed.
+        stack = cdk.Stack.of(self)
+        scalable_target_arns = stack.format_arn(
+            service="application-autoscaling", resource="scalable-target", resource_name="*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="WriteScheduledActionsOnManagedTargets",
+                actions=[
                     "application-autoscaling:PutScheduledAction",
                     "application-autoscaling:DeleteScheduledAction",
                 ],
-                resources=["*"],
+                resources=[scalable_target_arns],
+                conditions={"StringEquals": {
+                    f"aws:ResourceTag/{MANAGED_TARGET_TAG}": environment_name}},
             )
         )
         acknowledge(
             role,
             "AwsSolutions-IAM5",
-            "Application Auto Scaling's scheduled-action calls cannot be scoped to a resource id "
-            "(the scalable-target ARN holds a random id unknown at synth); the function only "
-            "writes actions named calendar-dated-* on the targets in its environment. The log "
-            "wildcard is this function's own log group's streams.",
-            applies_to=["Resource::*", "Resource::<ReleaseCalendarLogs*.Arn>:*"],
+            "DescribeScalableTargets/DescribeScheduledActions support no resource-level "
+            "permissions (Resource *). Scheduled-action writes are limited to scalable targets "
+            f"tagged {MANAGED_TARGET_TAG}={environment_name}; their ARN ends in a random id "
+            "unknown at synth, hence scalable-target/*. The log wildcard is this function's own "
+            "log group's streams.",
+            applies_to=[
+                "Resource::*",
+                f"Resource::{scalable_target_arns}",
+                "Resource::<ReleaseCalendarLogs*.Arn>:*",
+            ],
+        )
+
+        # Where failed runs are kept. Lambda sends the on-failure record with the function's
+        # execution role (SqsDestination grants it sqs:SendMessage and the key); EventBridge
+        # sends undelivered events as events.amazonaws.com (the queue policy the targets add
+        # below, and the project key's policy in the foundation stack).
+        self.failed_runs_queue = sqs.Queue(
+            self,
+            "FailedRuns",
+            queue_name=f"manga-assist-{environment_name}-release-calendar-failed-runs",
+            encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=encryption_key,
+            enforce_ssl=True,
+            retention_period=FAILED_RUN_RETENTION,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        acknowledge(
+            self.failed_runs_queue,
+            "AwsSolutions-SQS3",
+            "This queue is itself the dead-letter store of the release-calendar function (its "
+            "on-failure destination and its EventBridge rules' DLQ); nothing consumes it "
+            "automatically, an operator replays its messages by hand, so no consumer can fail "
+            "and need a further dead-letter queue.",
         )
 
         self.lambda_function = lambda_.Function(
@@ -120,6 +192,18 @@ class ReleaseCalendarReconciler(Construct):
             log_group=log_group,
             timeout=cdk.Duration.seconds(120),
             memory_size=256,
+            # Asynchronous invocations (both rules): retried by Lambda, then the invocation
+            # record goes here ("Capturing records of Lambda asynchronous invocations",
+            # https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-retain-records.html:
+            # a destination keeps the request and the error, a DLQ only the event).
+            on_failure=destinations.SqsDestination(self.failed_runs_queue),
+            retry_attempts=LAMBDA_RETRY_ATTEMPTS,
+            max_event_age=MAX_EVENT_AGE,
+            # The project key, not Lambda's AWS-managed one. Lambda decrypts through a KMS grant
+            # it creates for the execution role when the function is deployed, with the
+            # deploying role's permission ("How do I resolve KMSAccessDeniedException errors
+            # from Lambda?", https://repost.aws/knowledge-center/lambda-kmsaccessdeniedexception-errors).
+            environment_encryption=encryption_key,
             # No reserved concurrency: reserving even 1 fails to deploy in accounts whose limit is
             # near the 100-execution unreserved minimum. Two overlapping runs are safe: every
             # write is an idempotent upsert or a delete of an action only this function owns.
@@ -136,13 +220,46 @@ class ReleaseCalendarReconciler(Construct):
             },
         )
 
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5",
+            "CDK's grant for sending to the KMS-encrypted FailedRuns queue (the on-failure "
+            "destination): kms:GenerateDataKey*/ReEncrypt* on the project key only, which SQS "
+            "needs to encrypt the invocation record the role sends.",
+            applies_to=["Action::kms:GenerateDataKey*", "Action::kms:ReEncrypt*"],
+        )
+        acknowledge_checkov(
+            self.lambda_function,
+            "CKV_AWS_116",
+            "Failures go to an on-failure destination (AWS::Lambda::EventInvokeConfig, the "
+            "FailedRuns queue), which keeps the event and the error; checkov only recognises the "
+            "older DeadLetterConfig, which keeps the event alone.",
+        )
+        acknowledge_checkov(
+            self.lambda_function,
+            "CKV_AWS_117",
+            "The function only calls regional AWS APIs (SSM, Application Auto Scaling, CloudWatch "
+            "Logs) and reaches nothing inside the models' VPC; attaching it would need three more "
+            "interface endpoints in an isolated VPC for no isolation gained.",
+        )
+        acknowledge_checkov(
+            self.lambda_function,
+            "CKV_AWS_115",
+            "No reserved concurrency: reserving even 1 fails to deploy in accounts near the "
+            "100-execution unreserved minimum, and two overlapping runs are safe (idempotent "
+            "upserts, deletes of its own actions only).",
+        )
+
         hour, minute = daily_run_utc
+        # EventBridge's own delivery retries; an event it cannot deliver goes to the same queue
+        # ("Using dead-letter queues to process undelivered events in EventBridge",
+        # https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rule-dlq.html).
         self.daily_rule = events.Rule(
             self,
             "Daily",
             description="Reconcile the release calendar once a day",
             schedule=events.Schedule.cron(minute=str(minute), hour=str(hour)),
-            targets=[targets.LambdaFunction(self.lambda_function, retry_attempts=2)],
+            targets=[self._target()],
         )
         self.after_deploy_rule = events.Rule(
             self,
@@ -156,7 +273,7 @@ class ReleaseCalendarReconciler(Construct):
                     "status-details": {"status": ["CREATE_COMPLETE", "UPDATE_COMPLETE"]},
                 },
             ),
-            targets=[targets.LambdaFunction(self.lambda_function, retry_attempts=2)],
+            targets=[self._target()],
         )
         self.alarms = AlarmSet(
             self,
@@ -165,7 +282,22 @@ class ReleaseCalendarReconciler(Construct):
             dimensions={
                 "FunctionName": self.lambda_function.function_name,
                 "Environment": environment_name,
+                "QueueName": self.failed_runs_queue.queue_name,
             },
             rules=calendar_lambda_rules(),
             alarm_topic=alarm_topic,
         )
+        cdk.CfnOutput(self, "FailedRunsQueueUrl", value=self.failed_runs_queue.queue_url,
+                      description="Failed release-calendar runs (docs/runbooks/"
+                      "release-calendar-lambda.md: how to replay one)")
+
+    def _target(self) -> targets.LambdaFunction:
+        return targets.LambdaFunction(
+            self.lambda_function,
+            retry_attempts=LAMBDA_RETRY_ATTEMPTS,
+            dead_letter_queue=self.failed_runs_queue,
+        )
+
+    def manage(self, scalable_target: IConstruct) -> None:
+        """Tag a scalable target so this environment's reconciler may write its actions."""
+        cdk.Tags.of(scalable_target).add(MANAGED_TARGET_TAG, self.environment_name)

@@ -28,6 +28,7 @@ from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
 from stacks.network import ModelNetwork
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
+from stacks.scaling_limits_publisher import ScalingLimitsPublisher
 from stacks.scaling_plan import plan_scaling
 from stacks.settings import EnvironmentSettings
 from stacks.variant_scaling import VariantScaling
@@ -154,6 +155,14 @@ class ServingStack(cdk.Stack):
             "llm": self.llm_scaling.resource_id,
             "intent": self.intent_scaling.resource_id,
         }
+        # The maximum in force, published each minute: capacity-pinned-at-max compares with it.
+        self.scaling_limits = ScalingLimitsPublisher(
+            self,
+            "ScalingLimits",
+            environment_name=settings.name,
+            resource_ids=list(resource_ids.values()),
+            encryption_key=encryption_key,
+        )
 
         self.calendar_reconciler: ReleaseCalendarReconciler | None = None
         if scaling_plan.calendar_json is not None:
@@ -172,9 +181,12 @@ class ServingStack(cdk.Stack):
                 log_retention=getattr(logs.RetentionDays, _RETENTION[calendar.log_retention_days]),
                 alarm_topic=alarm_topic,
             )
-            # Reconcile only once the scalable targets exist.
+            # Reconcile only once the scalable targets exist; it may write only tagged ones.
             for scaling in (self.llm_scaling, self.intent_scaling):
                 self.calendar_reconciler.node.add_dependency(scaling)
+            scalings = {"llm": self.llm_scaling, "intent": self.intent_scaling}
+            for target in scaling_plan.calendar_models:
+                self.calendar_reconciler.manage(scalings[target].scalable_target)
 
 
         self.dashboard = InferenceDashboard(
@@ -190,6 +202,7 @@ class ServingStack(cdk.Stack):
                     instance_type=llm.instance_type,
                     scaling=llm.scaling,
                     alarms=self.llm_alarms,
+                    max_model_len=llm.max_model_len,
                 ),
                 DashboardEndpoint(
                     title=f"Intent (DistilBERT on {intent.instance_type})",
@@ -208,6 +221,11 @@ class ServingStack(cdk.Stack):
             ),
             calendar_environment=settings.name if self.calendar_reconciler else None,
             calendar_alarms=self.calendar_reconciler.alarms if self.calendar_reconciler else None,
+            calendar_failed_runs_queue_name=(
+                self.calendar_reconciler.failed_runs_queue.queue_name
+                if self.calendar_reconciler
+                else None
+            ),
         )
         cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
 

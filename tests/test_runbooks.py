@@ -36,10 +36,11 @@ CONTRACT_NAMES = {spec.name for spec in mc.ALL_METRICS}
 CONTRACT_DIMENSIONS = {key for spec in mc.ALL_METRICS for key in spec.dimensions}
 NOT_METRICS = frozenset({
     # CamelCase words the runbooks quote that are not CloudWatch metrics: SageMaker endpoint
-    # statuses, API response fields and AWS error names. Anything else CamelCase in backticks
-    # must be a contract metric (or one of its dimension names).
+    # statuses, API response fields and AWS error names, and the conditions of Lambda's
+    # invocation records. Anything else CamelCase in backticks must be a contract metric (or one
+    # of its dimension names).
     "Updating", "RollingBack", "FailureReason", "MaxCapacity", "AccessDenied",
-    "TooManyRequestsException",
+    "TooManyRequestsException", "RetriesExhausted", "EventAgeExceeded",
 })
 METRIC_LIKE = re.compile(r"^[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*$")
 SETTINGS_PATH = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*|\[\d+\])+$")

@@ -9,7 +9,6 @@ from gpu_budget import (
     ModelSpec,
     UnknownInstanceTypeError,
     blocks_for_tokens,
-    bucket_for,
     gpu_memory_utilization_for,
     instance_type,
     kv_block_bytes,
@@ -22,6 +21,7 @@ from gpu_budget import (
 from gpu_budget.instances import GIB, MIB, OUTSIDE_BUDGET_HEADROOM_BYTES
 from gpu_budget.lengths import RequestLengthDistribution
 from gpu_budget.weights import padded_vocab
+from request_buckets import bucket_bounds
 
 # ----------------------------------------------------------------------------- KV cache
 
@@ -211,15 +211,16 @@ def test_sku_utilization_rule() -> None:
 
 
 def test_buckets_and_distribution() -> None:
-    assert [bucket_for(n).name for n in (1, 512, 513, 2048, 2049, 8192, 8193)] == [
+    bounds = bucket_bounds(8192)  # S ≤ 1,024, M ≤ 2,048, L ≤ 4,096, XL above
+    assert [bounds.classify(n).value for n in (1, 1024, 1025, 2048, 2049, 4096, 4097)] == [
         "S", "S", "M", "M", "L", "L", "XL"
     ]
-    dist = RequestLengthDistribution.from_samples([100, 600, 3000, 9000])
-    assert dist.mean_tokens == 3175
-    assert dist.bucket_shares() == {"S": 0.25, "M": 0.25, "L": 0.25, "XL": 0.25}
-    assert dist.percentile_tokens(0.5) == 600
+    dist = RequestLengthDistribution.from_samples([100, 1600, 3000, 9000])
+    assert dist.mean_tokens == 3425
+    assert dist.bucket_shares(bounds) == {"S": 0.25, "M": 0.25, "L": 0.25, "XL": 0.25}
+    assert dist.percentile_tokens(0.5) == 1600
     assert dist.percentile_tokens(1.0) == 9000
-    assert dist.mean_blocks(16) == (7 + 38 + 188 + 563) / 4
+    assert dist.mean_blocks(16) == (7 + 100 + 188 + 563) / 4
     assert dist.count_longer_than(4096) == 1
     with pytest.raises(ValueError, match="#2 must be a positive integer"):
         RequestLengthDistribution.from_samples([10, 0])

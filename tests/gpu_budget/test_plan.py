@@ -75,18 +75,29 @@ def test_readme_plan_numbers_are_stable(g5_plan: MemoryPlan) -> None:
     # The figures docs/gpu-budget.md quotes; a change here must update the document.
     assert (g5_plan.kv_pool_blocks, g5_plan.kv_pool_tokens) == (6628, 106_048)
     assert (g5_plan.max_concurrency_at_max_len, g5_plan.max_num_seqs) == (25, 96)
-    assert [b.max_concurrency for b in g5_plan.buckets] == [207, 51, 25, 0]
+    assert [b.max_concurrency for b in g5_plan.buckets] == [207, 103, 51, 25]
 
 
 def test_buckets(g5_plan: MemoryPlan) -> None:
+    # The gateway's buckets at the same window (request_buckets): 1/8, 1/4, 1/2 of 4,096, XL above.
     s, m, l_, xl = g5_plan.buckets
     assert (s.bucket, s.sized_tokens, s.blocks_per_sequence) == ("S", 512, 32)
     assert s.max_concurrency == g5_plan.kv_pool_blocks // 32
     assert s.effective_concurrency == min(s.max_concurrency, g5_plan.max_num_seqs)
-    assert (m.sized_tokens, m.blocks_per_sequence) == (2048, 128)
-    assert (l_.sized_tokens, l_.reachable) == (4096, True)  # capped at max_model_len
-    assert (xl.reachable, xl.max_concurrency) == (False, 0)
+    assert (m.bucket, m.sized_tokens, m.blocks_per_sequence) == ("M", 1024, 64)
+    assert (l_.bucket, l_.sized_tokens, l_.blocks_per_sequence) == ("L", 2048, 128)
+    assert (xl.bucket, xl.sized_tokens, xl.max_tokens) == ("XL", 4096, None)
+    assert xl.max_concurrency == g5_plan.max_concurrency_at_max_len
+    assert all(b.reachable for b in g5_plan.buckets)
     assert all(b.share is None for b in g5_plan.buckets)
+
+
+def test_budget_buckets_are_the_gateways(g5_plan: MemoryPlan) -> None:
+    from request_buckets import BUCKET_NAMES, bucket_bounds
+
+    bounds = bucket_bounds(g5_plan.max_model_len)
+    assert tuple(b.bucket for b in g5_plan.buckets) == BUCKET_NAMES
+    assert [b.sized_tokens for b in g5_plan.buckets] == [bounds.upper(n) for n in BUCKET_NAMES]
 
 
 def test_request_lengths_add_mean_and_shares(llama8b: ModelSpec) -> None:
@@ -96,7 +107,8 @@ def test_request_lengths_add_mean_and_shares(llama8b: ModelSpec) -> None:
     assert p.mean_request_tokens == 2025.0
     mean_blocks = (19 + 19 + 94 + 375) / 4
     assert p.max_concurrency_at_mean == int(p.kv_pool_blocks // mean_blocks)
-    assert [b.share for b in p.buckets] == [0.5, 0.25, 0.25, 0.0]
+    # At 8,192 tokens: S ≤ 1,024, M ≤ 2,048, L ≤ 4,096, XL above.
+    assert [b.share for b in p.buckets] == [0.5, 0.25, 0.0, 0.25]
     # max_num_seqs is sized by the mean (2,025 → 127 blocks) instead of a quarter context.
     assert p.max_num_seqs * 127 <= p.kv_pool_blocks
     too_long = plan(llama8b, quantization="awq", instance="ml.g5.xlarge", max_model_len=4096,

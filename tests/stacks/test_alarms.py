@@ -13,6 +13,7 @@ from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule
 from stacks.settings import EndpointAlarmSettings, load_settings
 
 PREFIX = "manga-assist-prod-llm"
+INTENT_PREFIX = "manga-assist-prod-intent"
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +76,40 @@ def test_fallback_rate_is_a_ratio_of_contract_metrics(alarms: dict[str, dict[str
     assert alarm["Threshold"] == 5
 
 
-def test_capacity_pinned_at_max_for_15_minutes(alarms: dict[str, dict[str, Any]]) -> None:
-    alarm = alarms[f"{PREFIX}-capacity-pinned-at-max"]
+@pytest.mark.parametrize(("prefix", "registered_max"), [(PREFIX, 20), (INTENT_PREFIX, 8)])
+def test_capacity_pinned_compares_with_the_maximum_in_force(
+    alarms: dict[str, dict[str, Any]], prefix: str, registered_max: int
+) -> None:
+    alarm = alarms[f"{prefix}-capacity-pinned-at-max"]
     assert alarm["EvaluationPeriods"] == 15 and alarm["DatapointsToAlarm"] == 15
-    assert alarm["Threshold"] == 20 - 0.5  # prod max_capacity 20
-    inputs = {m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"]
-              if "MetricStat" in m}
-    assert inputs == {"Invocations", "InvocationsPerInstance"}
+    # instances − max in force ≥ −0.5, the max in force published by the scaling-limits Lambda;
+    # the registered max only fills a window where that metric is missing.
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (
+        -0.5, "GreaterThanOrEqualToThreshold")
+    (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == (
+        "(IF(perinstance > 0, invocations / perinstance, 0)) - "
+        f"FILL(FILL(maxinforce, REPEAT), {registered_max})")
+    inputs = {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert {k: v["Metric"]["MetricName"] for k, v in inputs.items()} == {
+        "invocations": "Invocations", "perinstance": "InvocationsPerInstance",
+        "maxinforce": "MaxCapacityInForce"}
+    published = inputs["maxinforce"]
+    assert published["Metric"]["Namespace"] == "MangaAssist/Inference"
+    assert {d["Name"]: d["Value"] for d in published["Metric"]["Dimensions"]} == {
+        "EndpointName": prefix, "VariantName": "AllTraffic"}
+    assert published["Period"] == 60 and published["Stat"] == "Maximum"
+    assert alarm["TreatMissingData"] == "notBreaching"  # no traffic: nothing is pinned
+
+
+@pytest.mark.parametrize("prefix", [PREFIX, INTENT_PREFIX])
+def test_a_missing_maximum_in_force_warns(alarms: dict[str, dict[str, Any]], prefix: str) -> None:
+    alarm = alarms[f"{prefix}-capacity-limits-missing"]
+    assert (alarm["MetricName"], alarm["Statistic"]) == ("MaxCapacityInForce", "SampleCount")
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "LessThanThreshold")
+    assert alarm["TreatMissingData"] == "breaching"  # no datapoint at all is the failure
+    assert alarm["Period"] * alarm["EvaluationPeriods"] == 900
+    assert alarm["AlarmActions"], "a warning notifies the topic directly"
 
 
 def test_warnings_notify_the_topic_and_pages_go_through_the_composite(
@@ -128,7 +156,8 @@ def test_custom_metrics_watched_are_emitted_by_our_code() -> None:
     watched = {spec for rule in all_rules() for spec in rule.watched_metrics if spec.is_custom}
     assert watched, "some alarms must watch the gateway's own metrics"
     assert all(spec.emitter in (mc.Emitter.GATEWAY, mc.Emitter.CLASSIFIER,
-                                mc.Emitter.CALENDAR_LAMBDA) for spec in watched)
+                                mc.Emitter.CALENDAR_LAMBDA, mc.Emitter.SCALING_LIMITS_LAMBDA)
+               for spec in watched)
 
 
 def test_a_rule_must_name_a_metric_or_an_expression() -> None:

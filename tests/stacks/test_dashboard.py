@@ -148,6 +148,8 @@ def metric_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
+FAILED_RUNS_QUEUE = "manga-assist-prod-release-calendar-failed-runs"
+
 # --- the synthesized stack ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Built:
@@ -195,7 +197,8 @@ def endpoints(settings: EnvironmentSettings, llm_alarms: EndpointAlarms,
     return [
         DashboardEndpoint(title=LLM_TITLE, endpoint_name=LLM_ENDPOINT, variant_name=VARIANT,
                           kind="llm", instance_type=settings.llm.instance_type,
-                          scaling=settings.llm.scaling, alarms=llm_alarms),
+                          scaling=settings.llm.scaling, alarms=llm_alarms,
+                          max_model_len=settings.llm.max_model_len),
         DashboardEndpoint(title=INTENT_TITLE, endpoint_name=INTENT_ENDPOINT,
                           variant_name=VARIANT, kind="intent", instance_type=INTENT_INSTANCE,
                           scaling=settings.llm.scaling, alarms=intent_alarms),
@@ -216,14 +219,15 @@ def built() -> Built:
     )
     calendar_alarms = AlarmSet(
         stack, "CalendarAlarms", name_prefix=f"{settings.resource_prefix}-release-calendar",
-        dimensions={"FunctionName": function.function_name, "Environment": settings.name},
+        dimensions={"FunctionName": function.function_name, "Environment": settings.name,
+                    "QueueName": FAILED_RUNS_QUEUE},
         rules=calendar_lambda_rules(), alarm_topic=topic,
     )
     InferenceDashboard(
         stack, "Dashboard", dashboard_name=f"{settings.resource_prefix}-inference",
         endpoints=endpoints(settings, llm_alarms, intent_alarms),
         calendar_function_name=function.function_name, calendar_environment=settings.name,
-        calendar_alarms=calendar_alarms,
+        calendar_alarms=calendar_alarms, calendar_failed_runs_queue_name=FAILED_RUNS_QUEUE,
     )
     template = Template.from_stack(stack).to_json()
     dashboards = [r for r in template["Resources"].values()
@@ -364,6 +368,17 @@ def test_admission_rejections_one_metric_per_bucket(built: Built) -> None:
     rows = metric_rows(built.widget(LLM_TITLE, "Admission rejections by bucket"))
     assert [(r.name, r.dimensions["Bucket"]) for r in rows] == [
         ("AdmissionRejections", bucket) for bucket in ("S", "M", "L", "XL")]
+    # Labelled with the ranges the gateway and the GPU budget use at prod's 4,096-token window.
+    labels = [r.options.get("label") for r in rows]
+    assert labels == ["AdmissionRejections S ≤ 512", "AdmissionRejections M 513–1,024",
+                      "AdmissionRejections L 1,025–2,048", "AdmissionRejections XL 2,049–4,096"]
+
+
+def test_an_llm_section_needs_the_context_window(built: Built) -> None:
+    with pytest.raises(ValueError, match="an llm endpoint needs max_model_len"):
+        DashboardEndpoint(title="x", endpoint_name="e", variant_name="v", kind="llm",
+                          instance_type=built.settings.llm.instance_type,
+                          scaling=built.settings.llm.scaling, alarms=built.llm_alarms)
 
 
 def test_intent_predictions_one_metric_per_intent_label(built: Built) -> None:
@@ -401,6 +416,19 @@ def test_instances_vs_schedule_uses_the_alarm_expression_and_the_settings(
     assert f"business hours floor {business.min_capacity}" in lines[business.min_capacity]
     assert business.start in lines[business.min_capacity]
     assert f"off-peak ceiling {off_peak.max_capacity}" in lines[off_peak.max_capacity]
+
+
+@pytest.mark.parametrize(("title", "endpoint"), [(LLM_TITLE, LLM_ENDPOINT),
+                                               (INTENT_TITLE, INTENT_ENDPOINT)])
+def test_instances_vs_schedule_draws_the_range_in_force_the_alarm_compares_with(
+    built: Built, title: str, endpoint: str,
+) -> None:
+    rows = {r.name: r for r in metric_rows(built.widget(title, "Instances vs schedule"))
+            if r.namespace == "MangaAssist/Inference"}
+    assert {(name, r.stat) for name, r in rows.items()} == {
+        ("MaxCapacityInForce", "Maximum"), ("MinCapacityInForce", "Minimum")}
+    assert all(r.dimensions == {"EndpointName": endpoint, "VariantName": VARIANT}
+               for r in rows.values())
 
 
 def test_invocations_per_instance_against_the_scaling_target(built: Built) -> None:
@@ -454,7 +482,11 @@ def test_release_calendar_row_uses_the_function_and_environment(built: Built) ->
     rows = [r for w in widgets if w["type"] == "metric" for r in metric_rows(w)]
     by_name = {r.name: r for r in rows}
     assert set(by_name) == {"CalendarActionsCreated", "CalendarActionsUpdated",
-                            "CalendarActionsDeleted", "CalendarEntriesSkipped", "Errors"}
+                            "CalendarActionsDeleted", "CalendarEntriesSkipped", "Errors",
+                            "ApproximateNumberOfMessagesVisible"}
+    assert by_name["ApproximateNumberOfMessagesVisible"].namespace == "AWS/SQS"
+    assert by_name["ApproximateNumberOfMessagesVisible"].dimensions == {
+        "QueueName": FAILED_RUNS_QUEUE}
     function_ref = token(built.stack.resolve(built.function.function_name))
     assert by_name["Errors"].namespace == "AWS/Lambda"
     assert by_name["Errors"].dimensions == {"FunctionName": function_ref}

@@ -178,7 +178,8 @@ def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
 
 
 def test_calendar_lambda_runs_daily_and_after_each_deploy(prod: dict[str, Any]) -> None:
-    rules = [r["Properties"] for r in by_type(prod, "AWS::Events::Rule")]
+    rules = [r["Properties"] for k, r in prod["Resources"].items()
+             if r["Type"] == "AWS::Events::Rule" and k.startswith("ReleaseCalendar")]
     schedules = [r["ScheduleExpression"] for r in rules if "ScheduleExpression" in r]
     assert schedules == ["cron(5 15 * * ? *)"]  # 00:05 JST
     (deploy,) = [r["EventPattern"] for r in rules if "EventPattern" in r]
@@ -215,16 +216,20 @@ def test_calendar_lambda_alarms(prod: dict[str, Any]) -> None:
     })
 
 
-def test_lambda_asset_holds_only_the_handler_and_shared_modules(synthesized) -> None:  # type: ignore[no-untyped-def]
+def test_lambda_assets_hold_only_the_handler_and_shared_modules(synthesized) -> None:  # type: ignore[no-untyped-def]
     assembly = synthesized.outdir / "assembly-Prod"
     assets = json.loads(next(assembly.glob("ProdServing*.assets.json")).read_text())
     zips = [a["source"]["path"] for a in assets["files"].values()
             if a["source"].get("packaging") == "zip"]
-    staged = [assembly / path for path in zips if (assembly / path / "lambdas").is_dir()]
-    (root,) = staged
-    assert sorted(p.name for p in root.iterdir()) == ["lambdas", "metrics_contract",
-                                                       "release_calendar"]
-    assert (root / "lambdas" / "release_calendar" / "handler.py").is_file()
+    staged = {next((assembly / path / "lambdas").iterdir()).name: assembly / path
+              for path in zips if (assembly / path / "lambdas").is_dir()}
+    assert sorted(staged) == ["release_calendar", "scaling_limits"]
+    assert sorted(p.name for p in staged["release_calendar"].iterdir()) == [
+        "lambdas", "metrics_contract", "release_calendar", "request_buckets"]
+    assert sorted(p.name for p in staged["scaling_limits"].iterdir()) == [
+        "lambdas", "metrics_contract", "request_buckets"]
+    assert (staged["release_calendar"] / "lambdas" / "release_calendar" / "handler.py").is_file()
+    assert (staged["scaling_limits"] / "lambdas" / "scaling_limits" / "handler.py").is_file()
 
 
 @pytest.mark.parametrize("rule", ["Daily", "AfterDeploy"])

@@ -6,7 +6,9 @@ every request reserves its worst case — prompt tokens + max output tokens, rou
 KV blocks — against the engine's *real* pool (read from the engine after it started), and only
 ``watermark`` of the pool may be reserved. Requests are also classified by that length into
 buckets S/M/L/XL, each with its own concurrency cap, so a burst of XL requests cannot take every
-slot from short ones (seed 002's request-length buckets).
+slot from short ones (seed 002's request-length buckets). The buckets and their bounds are
+:mod:`request_buckets`' (fractions of ``max_model_len``), the same the GPU budget sizes and the
+dashboard draws.
 
 A request that does not fit waits up to ``wait_s`` for reservations to be released, then is
 shed (the HTTP layer answers 429 with Retry-After). While the circuit breaker is half-open, the
@@ -26,15 +28,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gateway.engines.base import KvCapacity
+from request_buckets import BucketBounds, RequestBucket
 
-
-class LengthBucket(StrEnum):
-    """Request-length buckets by reserved tokens (prompt + max output)."""
-
-    S = "S"
-    M = "M"
-    L = "L"
-    XL = "XL"
+LengthBucket = RequestBucket
+"""Request-length buckets by reserved tokens (prompt + max output), from :mod:`request_buckets`."""
 
 
 class RefusalReason(StrEnum):
@@ -53,12 +50,9 @@ def blocks_for_tokens(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
 
-def classify_bucket(tokens: int, bounds: Mapping[str, int]) -> LengthBucket:
-    """S if tokens ≤ bounds['S'], M if ≤ bounds['M'], L if ≤ bounds['L'], else XL."""
-    for bucket in (LengthBucket.S, LengthBucket.M, LengthBucket.L):
-        if tokens <= bounds[bucket.value]:
-            return bucket
-    return LengthBucket.XL
+def classify_bucket(tokens: int, bounds: BucketBounds) -> LengthBucket:
+    """The bucket of a reservation of ``tokens`` under ``bounds`` (the engine's window's)."""
+    return bounds.classify(tokens)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from intents import INTENT_LABELS
+from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
 
 ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOCALE_PATTERN = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")
@@ -35,7 +36,12 @@ SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
 SAGEMAKER_SIGKILL_AFTER_S = 30.0
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
-BUCKETS = ("S", "M", "L", "XL")
+RETIRED_SETTINGS: Mapping[str, str] = {
+    "GATEWAY_BUCKET_BOUNDS": "the bucket bounds follow ENGINE_MAX_MODEL_LEN (request_buckets: "
+    "S <= 1/8, M <= 1/4, L <= 1/2 of it, XL above), so the gateway, the GPU budget and the "
+    "dashboard mean the same buckets; remove the variable",
+}
+"""Variables that no longer exist, with what replaced them."""
 
 
 class SettingsError(ValueError):
@@ -87,10 +93,9 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("GATEWAY_ADMISSION_WAIT_S", "2.0",
                 "How long a request may wait for KV room or a bucket slot before 429."),
     SettingSpec("GATEWAY_RETRY_AFTER_S", "2", "Retry-After (seconds) on 429/503 answers."),
-    SettingSpec("GATEWAY_BUCKET_BOUNDS", "S=512,M=1024,L=2048",
-                "Upper bounds (prompt + max output tokens) of buckets S, M, L; above L is XL."),
     SettingSpec("GATEWAY_BUCKET_CAPS", "S=128,M=64,L=32,XL=8",
-                "Concurrent requests allowed per bucket."),
+                "Concurrent requests allowed per bucket; the buckets (prompt + max output "
+                "tokens) are S <= 1/8, M <= 1/4, L <= 1/2 of ENGINE_MAX_MODEL_LEN, XL above."),
     SettingSpec("GATEWAY_REQUEST_DEADLINE_S", "50",
                 "Whole-request deadline; must stay below SageMaker's 60 s invoke limit."),
     # --- circuit breaker and recovery ------------------------------------------------------------
@@ -184,9 +189,9 @@ class ContextSplit:
 
 @dataclass(frozen=True)
 class BucketPolicy:
-    """Request-length buckets: upper token bounds of S/M/L (XL above) and concurrency caps."""
+    """Request-length buckets: their bounds (from ENGINE_MAX_MODEL_LEN) and concurrency caps."""
 
-    bounds: Mapping[str, int]
+    bounds: BucketBounds
     caps: Mapping[str, int]
 
 
@@ -457,33 +462,19 @@ def _parse_split(reader: _Reader) -> ContextSplit:
     return split
 
 
-def _parse_buckets(reader: _Reader) -> BucketPolicy:
-    bounds: dict[str, int] = {}
-    for key, value in reader.pairs("GATEWAY_BUCKET_BOUNDS"):
-        if key not in ("S", "M", "L") or not value.isdigit() or int(value) < 1:
-            reader.fail("GATEWAY_BUCKET_BOUNDS", f"{key}={value}",
-                        "keys S, M, L with positive token counts")
-            continue
-        bounds[key] = int(value)
-    if set(bounds) == {"S", "M", "L"}:
-        if not bounds["S"] < bounds["M"] < bounds["L"]:
-            reader.fail("GATEWAY_BUCKET_BOUNDS", reader.raw("GATEWAY_BUCKET_BOUNDS"),
-                        "bounds must increase: S < M < L")
-    elif not any(p.startswith("GATEWAY_BUCKET_BOUNDS") for p in reader.problems):
-        reader.fail("GATEWAY_BUCKET_BOUNDS", reader.raw("GATEWAY_BUCKET_BOUNDS"),
-                    "all of S, M and L are required")
+def _parse_buckets(reader: _Reader, max_model_len: int) -> BucketPolicy:
     caps: dict[str, int] = {}
     for key, value in reader.pairs("GATEWAY_BUCKET_CAPS"):
-        if key not in BUCKETS or not value.isdigit() or int(value) < 1:
+        if key not in BUCKET_NAMES or not value.isdigit() or int(value) < 1:
             reader.fail("GATEWAY_BUCKET_CAPS", f"{key}={value}",
-                        "keys S, M, L, XL with concurrency caps >= 1")
+                        f"keys {', '.join(BUCKET_NAMES)} with concurrency caps >= 1")
             continue
         caps[key] = int(value)
-    if set(caps) != set(BUCKETS) and not any(
+    if set(caps) != set(BUCKET_NAMES) and not any(
             p.startswith("GATEWAY_BUCKET_CAPS") for p in reader.problems):
         reader.fail("GATEWAY_BUCKET_CAPS", reader.raw("GATEWAY_BUCKET_CAPS"),
-                    "all of S, M, L and XL are required")
-    return BucketPolicy(bounds={"S": 512, "M": 1024, "L": 2048, **bounds},
+                    f"all of {', '.join(BUCKET_NAMES)} are required")
+    return BucketPolicy(bounds=bucket_bounds(max_model_len),
                         caps={"S": 128, "M": 64, "L": 32, "XL": 8, **caps})
 
 
@@ -528,7 +519,9 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     """Read and validate every setting; raise SettingsError listing all problems."""
     reader = _Reader(environ)
     for name in sorted(environ):
-        if name.startswith(("GATEWAY_", "ENGINE_")) and name not in _KNOWN:
+        if name in RETIRED_SETTINGS:
+            reader.problems.append(f"{name}: no longer a setting: {RETIRED_SETTINGS[name]}")
+        elif name.startswith(("GATEWAY_", "ENGINE_")) and name not in _KNOWN:
             close = difflib.get_close_matches(name, list(_KNOWN), n=1, cutoff=0.85)
             hint = f" (did you mean {close[0]}?)" if close else ""
             reader.problems.append(f"{name}: not a known setting{hint}")
@@ -559,7 +552,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
                                           low_open=True),
         admission_wait_s=reader.number("GATEWAY_ADMISSION_WAIT_S", low=0.0, high=59.0),
         retry_after_s=reader.integer("GATEWAY_RETRY_AFTER_S", minimum=1, maximum=3600),
-        buckets=_parse_buckets(reader),
+        buckets=_parse_buckets(reader, engine.max_model_len),
         request_deadline_s=reader.number("GATEWAY_REQUEST_DEADLINE_S", low=1.0,
                                          high=SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True),
         breaker_open_s=reader.number("GATEWAY_BREAKER_OPEN_S", low=0.0, high=3600.0),

@@ -16,8 +16,9 @@ from gateway.admission import (
     classify_bucket,
 )
 from gateway.engines.base import KvCapacity
+from request_buckets import bucket_bounds
 
-BOUNDS = {"S": 512, "M": 1024, "L": 2048}
+BOUNDS = bucket_bounds(4096)  # S ≤ 512, M ≤ 1,024, L ≤ 2,048
 CAPS = {"S": 4, "M": 3, "L": 2, "XL": 1}
 
 

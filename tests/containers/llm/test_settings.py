@@ -42,8 +42,9 @@ def test_defaults_are_valid_and_match_the_seed_split() -> None:
         ({"GATEWAY_ROUTING_TABLE": "shipping=manga"}, "keys are intents: product_question"),
         ({"GATEWAY_ROUTING_TABLE": "faq=anime"}, "values are served adapters or 'base'"),
         ({"GATEWAY_LOCALE_ROUTES": "ja-JP:manga=nope"}, "GATEWAY_LOCALE_ROUTES"),
-        ({"GATEWAY_BUCKET_BOUNDS": "S=900,M=800,L=2048"}, "bounds must increase: S < M < L"),
-        ({"GATEWAY_BUCKET_CAPS": "S=1,M=1,L=1"}, "all of S, M, L and XL are required"),
+        ({"GATEWAY_BUCKET_BOUNDS": "S=512,M=1024,L=2048"},
+         "GATEWAY_BUCKET_BOUNDS: no longer a setting: the bucket bounds follow ENGINE_MAX_MODEL_LEN"),
+        ({"GATEWAY_BUCKET_CAPS": "S=1,M=1,L=1"}, "all of S, M, L, XL are required"),
         ({"GATEWAY_ADAPTERS": "base=x"}, "GATEWAY_ADAPTERS='base'"),
         ({"ENGINE_BLOCK_SIZE": "12"}, "ENGINE_BLOCK_SIZE=12: one of 1, 8, 16"),
         ({"ENGINE_MAX_LORA_RANK": "48"}, "ENGINE_MAX_LORA_RANK=48"),
@@ -58,6 +59,15 @@ def test_each_bad_setting_is_named_with_its_value(env: dict[str, str], expected:
     with pytest.raises(SettingsError) as caught:
         load_settings(env)
     assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("window", [2048, 4096, 8192])
+def test_bucket_bounds_are_the_shared_definition_for_the_engine_window(window: int) -> None:
+    from request_buckets import bucket_bounds
+
+    bounds = load_settings({"ENGINE_MAX_MODEL_LEN": str(window)}).gateway.buckets.bounds
+    assert bounds == bucket_bounds(window)
+    assert (bounds.s_max, bounds.m_max, bounds.l_max) == (window // 8, window // 4, window // 2)
 
 
 def test_all_problems_are_reported_at_once() -> None:
