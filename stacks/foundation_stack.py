@@ -13,6 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from quantization import job_outputs
 from stacks.alerting import AlarmTopic
 from stacks.artifact_store import ArtifactStore
 from stacks.settings import EnvironmentSettings
@@ -89,8 +90,8 @@ class FoundationStack(cdk.Stack):
             alarm_name_prefix=settings.alarm_name_prefix,
         )
 
-        cdk.CfnOutput(self, "ModelArtifactBucketName",
+        cdk.CfnOutput(self, job_outputs.ARTIFACT_BUCKET,
                       value=self.artifact_store.s3_bucket.bucket_name,
                       description="Upload model weights, adapters and Neuron artifacts here.")
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.sns_topic.topic_arn)
-        cdk.CfnOutput(self, "ProjectKeyArn", value=self.kms_key.key_arn)
+        cdk.CfnOutput(self, job_outputs.PROJECT_KEY_ARN, value=self.kms_key.key_arn)

@@ -161,3 +161,17 @@ class ModelNetwork(Construct):
             )
         )
 
+    def allow_s3_writes(self, *, object_arns: list[str]) -> None:
+        """Let jobs in the VPC (the quantization job) write these objects through the endpoint.
+
+        The endpoint policy is a second gate next to the job's role: even a role that could
+        write elsewhere cannot reach another bucket or prefix from these subnets.
+        """
+        self.ec2_s3_endpoint.add_to_policy(
+            iam.PolicyStatement(
+                sid="JobOutputsOnly",
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=object_arns,
+            )
+        )

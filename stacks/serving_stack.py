@@ -15,6 +15,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from gpu_budget import instance_type
+from quantization import job_outputs
 from stacks.alarm_rules import (
     INTENT_ROLLBACK_RULES,
     ROLLBACK_RULES,
@@ -27,6 +28,7 @@ from stacks.dashboard import DashboardEndpoint, InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
 from stacks.network import ModelNetwork
+from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
 from stacks.scaling_plan import plan_scaling
@@ -75,6 +77,22 @@ class ServingStack(cdk.Stack):
         )
         self.network.restrict_s3_endpoint(bucket_arns=[artifact_bucket.bucket_arn])
         layout = artifact_layout(settings)
+
+        quantization = settings.quantization
+        self.quantization_job = QuantizationJobResources(
+            self,
+            "QuantizationJob",
+            artifact_bucket=artifact_bucket,
+            encryption_key=encryption_key,
+            base_model_root=quantization.base_model_root,
+            output_prefix=settings.quantized_model_prefix,
+            reports_prefix=quantization.reports_prefix,
+            network=self.network,
+        )
+        self.network.allow_s3_writes(object_arns=[
+            artifact_bucket.arn_for_objects(f"{prefix}/*")
+            for prefix in (settings.quantized_model_prefix, quantization.reports_prefix)
+        ])
 
         llm = settings.llm
         llm_endpoint_name = f"{settings.resource_prefix}-llm"
@@ -228,6 +246,15 @@ class ServingStack(cdk.Stack):
             ),
         )
         cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
+        # What `python -m quantization.launch` reads (quantization/job_outputs.py names them).
+        cdk.CfnOutput(self, job_outputs.JOB_ROLE_ARN,
+                      value=self.quantization_job.iam_role.role_arn)
+        cdk.CfnOutput(self, job_outputs.JOB_IMAGE_URI,
+                      value=self.quantization_job.ecr_image.image_uri)
+        cdk.CfnOutput(self, job_outputs.JOB_SUBNET_IDS,
+                      value=cdk.Fn.join(",", self.network.subnet_ids))
+        cdk.CfnOutput(self, job_outputs.JOB_SECURITY_GROUP_ID,
+                      value=self.network.ec2_security_group.security_group_id)
 
 
 _RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",

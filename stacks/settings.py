@@ -683,6 +683,96 @@ class ReleaseCalendarSettings(_Strict):
         return value
 
 
+GitHubRepository = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+]
+RoleArn = Annotated[
+    str, StringConstraints(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/[A-Za-z0-9+=,.@_-]{1,64}$")
+]
+
+
+class DeliverySettings(_Strict):
+    """How the delivery pipeline (GitHub Actions, .github/workflows/) reaches this environment.
+
+    Nothing account-specific is written in the workflows: they ask ``tools.pipeline_settings``
+    for these values, so an account or role change is a reviewed config change.
+    """
+
+    github_repository: GitHubRepository = Field(
+        description="owner/name of the repository whose workflows may assume the role."
+    )
+    github_environment: Annotated[
+        str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+    ] = Field(
+        description="GitHub environment of the deploy job (required reviewers gate prod); the "
+        "role trusts only jobs running in it."
+    )
+    deploy_role_arn: RoleArn = Field(
+        description="Role the pipeline assumes by OIDC (aws-actions/configure-aws-credentials); "
+        "docs/delivery.md says how to create it."
+    )
+
+    @property
+    def deploy_role_name(self) -> str:
+        """The role's name (the last part of its ARN)."""
+        return self.deploy_role_arn.rsplit("/", 1)[1]
+
+
+class SmokeSettings(_Strict):
+    """What `make smoke` accepts from the live endpoints after a deploy (tools/smoke)."""
+
+    llm_latency_ms: float = Field(
+        20000, gt=0, le=60000,
+        description="Whole answer of a non-streamed request (SageMaker cuts at 60 s).",
+    )
+    llm_time_to_first_token_ms: float = Field(
+        3000, gt=0, le=60000, description="First content chunk of the streamed request."
+    )
+    intent_latency_ms: float = Field(
+        1000, gt=0, le=60000, description="The intent endpoint's answer to the whole batch."
+    )
+    max_tokens: int = Field(48, ge=1, le=1024, description="Tokens each LLM request may use.")
+    min_intent_agreement: float = Field(
+        0.0, ge=0, le=1,
+        description="Share of the intent batch that must get its expected label (0 with a "
+        "random or uncalibrated model).",
+    )
+
+
+class QuantizationJobSettings(_Strict):
+    """The AWQ job as a SageMaker training job (`python -m quantization.launch`)."""
+
+    base_model_root: S3Prefix = Field(
+        "base-models",
+        description="Prefix in the artifact bucket under which base models are uploaded; the "
+        "job's role reads nothing else.",
+    )
+    output_prefix: S3Prefix | None = Field(
+        None,
+        description="Where a gated model is uploaded (default: llm.model.artifact_prefix). Set "
+        "a new prefix here first, deploy, quantize, then point llm.model.artifact_prefix at it.",
+    )
+    reports_prefix: S3Prefix = Field(
+        "quantization/runs", description="Every run's quality_gate.md/json, pass or fail."
+    )
+    instance_type: str = Field(
+        "ml.g5.4xlarge",
+        description="A GPU training instance (g5.4xlarge: one A10G, 64 GiB host memory for the "
+        "bf16 model held on the CPU during calibration).",
+    )
+    volume_size_gb: int = Field(100, ge=30, le=16384)
+    max_runtime_s: int = Field(4 * 3600, ge=600, le=28 * 24 * 3600)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _gpu_instance(cls, value: str) -> str:
+        from gpu_budget import instance_type
+
+        if instance_type(value).accelerator_kind != "gpu":
+            raise ValueError("is not a GPU instance; AWQ calibration needs one")
+        return value
+
+
 class EnvironmentSettings(_Strict):
     """Everything that differs between environments. Read by every stack, validated once."""
 
@@ -701,6 +791,11 @@ class EnvironmentSettings(_Strict):
     release_calendar: ReleaseCalendarSettings = Field(default_factory=ReleaseCalendarSettings)
     llm: LlmEndpointSettings
     intent: IntentEndpointSettings
+    delivery: DeliverySettings | None = Field(
+        None, description="The delivery pipeline's access (absent: deploy from a laptop only)."
+    )
+    smoke: SmokeSettings = Field(default_factory=SmokeSettings)
+    quantization: QuantizationJobSettings = Field(default_factory=QuantizationJobSettings)
 
     @field_validator("region")
     @classmethod
@@ -721,6 +816,43 @@ class EnvironmentSettings(_Strict):
                 "prefix into its model directory, so each endpoint needs its own folder"
             )
         return self
+
+    @model_validator(mode="after")
+    def _consistent_prefixes_and_accounts(self) -> EnvironmentSettings:
+        if self.delivery is not None:
+            role_account = self.delivery.deploy_role_arn.split(":")[4]
+            if role_account != self.account:
+                raise ValueError(
+                    f"delivery.deploy_role_arn: {self.delivery.deploy_role_arn!r} is in account "
+                    f"{role_account}; accepted: a role in this environment's account "
+                    f"{self.account}"
+                )
+        quant = self.quantization
+        output = self.quantized_model_prefix
+        served = self.llm.model.artifact_prefix
+        for label, prefix in (("quantization.base_model_root", quant.base_model_root),
+                              ("quantization.reports_prefix", quant.reports_prefix)):
+            if _overlaps(prefix, output) or _overlaps(prefix, served):
+                raise ValueError(
+                    f"{label}: {prefix!r} overlaps the model prefix {output!r}; accepted: a "
+                    "prefix outside the served model's"
+                )
+        if _overlaps(output, self.intent.artifact_key.rsplit("/", 1)[0]):
+            raise ValueError(
+                f"quantization.output_prefix: {output!r} overlaps the intent model "
+                f"{self.intent.artifact_key!r}; accepted: a prefix of its own"
+            )
+        if _overlaps(quant.base_model_root, quant.reports_prefix):
+            raise ValueError(
+                f"quantization.reports_prefix: {quant.reports_prefix!r} overlaps "
+                f"quantization.base_model_root {quant.base_model_root!r}"
+            )
+        return self
+
+    @property
+    def quantized_model_prefix(self) -> str:
+        """Where the quantization job uploads a model that passed the gate."""
+        return self.quantization.output_prefix or self.llm.model.artifact_prefix
 
     @property
     def resource_prefix(self) -> str:
@@ -747,6 +879,12 @@ class EnvironmentSettings(_Strict):
     def artifact_bucket_name(self) -> str:
         """The model-artifact bucket's name: fixed, so the serving stack needs no export."""
         return f"{self.resource_prefix}-models-{self.account}-{self.region}"
+
+
+def _overlaps(first: str, second: str) -> bool:
+    """Whether one S3 prefix (a folder, no trailing slash) contains the other."""
+    a, b = f"{first}/", f"{second}/"
+    return a.startswith(b) or b.startswith(a)
 
 
 # --- loading and error reporting -------------------------------------------------------------

@@ -215,13 +215,19 @@ def _run_job(
             "FAILURE_FILE": str(tmp_path / "failure"),
             "EVAL_MAX_NEW_TOKENS": "6",
             "ARTIFACT_S3_URI": "s3://artifacts-bucket/models/llama-3-8b-instruct-awq/",
+            "REPORT_S3_URI": "s3://artifacts-bucket/quantization/runs/job-1/",
             **env,
         },
     )  # fmt: skip
     return result, aws_log
 
 
-def test_job_fails_on_the_gate_says_why_and_uploads_nothing(
+REPORT_UPLOAD = ["s3", "cp", "{gate}/", "s3://artifacts-bucket/quantization/runs/job-1/",
+                 "--recursive", "--exclude", "*", "--include", "quality_gate.json",
+                 "--include", "quality_gate.md", "--only-show-errors"]
+
+
+def test_job_fails_on_the_gate_says_why_and_uploads_only_the_reports(
     failed_job: tuple[subprocess.CompletedProcess[str], Path, Path],
 ) -> None:
     # Real generation with transformers on both checkpoints: a random model answers gibberish,
@@ -235,7 +241,9 @@ def test_job_fails_on_the_gate_says_why_and_uploads_nothing(
     assert {"score_overall", "score_ja", "score_en"} <= set(report["failed_checks"])
     assert len(report["quantized"]["items"]) == 50
     assert "[evaluate] quantized: 50/50 prompts" in result.stderr
-    assert not aws_log.exists()
+    # The verdict is published for the launcher; the model is not uploaded.
+    upload = [part.replace("{gate}", str(tmp_path / "gate")) for part in REPORT_UPLOAD]
+    assert aws_log.read_text().split() == upload
 
 
 def test_job_uploads_a_passing_checkpoint_to_the_prefix_root(
@@ -248,12 +256,14 @@ def test_job_uploads_a_passing_checkpoint_to_the_prefix_root(
         ARTIFACT_KMS_KEY_ID="alias/artifacts",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    sse = ["--sse", "aws:kms", "--sse-kms-key-id", "alias/artifacts"]
     assert aws_log.read_text().split() == [
+        *(part.replace("{gate}", str(tmp_path / "gate")) for part in REPORT_UPLOAD), *sse,
         "s3", "sync", f"{tmp_path}/quantized/", "s3://artifacts-bucket/models/llama-3-8b-instruct-awq/",
-        "--exclude", "adapters/*", "--only-show-errors",
-        "--sse", "aws:kms", "--sse-kms-key-id", "alias/artifacts",
+        "--exclude", "adapters/*", "--only-show-errors", *sse,
     ]  # fmt: skip
-    assert (tmp_path / "quantized" / "quality_gate.json").is_file()  # travels with the weights
+    for report in ("quality_gate.json", "quality_gate.md"):  # travel with the weights
+        assert (tmp_path / "quantized" / report).is_file()
     assert not (tmp_path / "failure").exists()
 
 

@@ -1,0 +1,151 @@
+"""What the AWQ quantization job needs to run as a SageMaker training job.
+
+The job itself is started by ``python -m quantization.launch`` (the sagemaker SDK), not by
+CloudFormation: a training job is a run, not a resource. The stack provides what a run uses —
+the job image (``containers/quantize``, pushed as a CDK asset) and an execution role scoped to
+
+* read the base models under ``quantization.base_model_root``;
+* write the gated model to its prefix (never ``adapters/`` under it) and every run's reports;
+* encrypt and decrypt with the project key through S3, and grant the training volume its key;
+* pull its own image, write its log group and metrics, and attach to the models' VPC.
+
+Permissions follow "CreateTrainingJob API: Execution Role Permissions"
+(https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-createtrainingjob-perms).
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.container_image import repo_image_asset
+from stacks.nag import acknowledge
+from stacks.network import ModelNetwork
+
+QUANTIZE_IMAGE_SOURCES: tuple[str, ...] = ("containers/quantize", "quantization")
+TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+class QuantizationJobResources(Construct):
+    """The quantization job's image asset and execution role (``self.iam_role``)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        artifact_bucket: s3.IBucket,
+        encryption_key: kms.IKey,
+        base_model_root: str,
+        output_prefix: str,
+        reports_prefix: str,
+        network: ModelNetwork,
+    ) -> None:
+        super().__init__(scope, id_)
+        stack = cdk.Stack.of(self)
+        self.ecr_image: ecr_assets.DockerImageAsset = repo_image_asset(
+            self, "Image", dockerfile="containers/quantize/Dockerfile",
+            sources=QUANTIZE_IMAGE_SOURCES,
+        )
+        self.iam_role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal(
+                "sagemaker.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            ),
+            description="AWQ quantization training job: base models in, gated model and "
+            "reports out, nothing else",
+        )
+        bucket_name = _literal(artifact_bucket.bucket_name)
+        read_objects = artifact_bucket.arn_for_objects(f"{base_model_root}/*")
+        write_objects = [artifact_bucket.arn_for_objects(f"{output_prefix}/*"),
+                         artifact_bucket.arn_for_objects(f"{reports_prefix}/*")]
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadBaseModels", actions=["s3:GetObject"], resources=[read_objects]))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="WriteModelAndReports",
+            actions=["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
+            resources=write_objects,
+        ))
+        # The adapters share the model's prefix and belong to other pipelines.
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="NeverTouchAdapters", effect=iam.Effect.DENY,
+            actions=["s3:PutObject", "s3:DeleteObject"],
+            resources=[artifact_bucket.arn_for_objects(f"{output_prefix}/adapters/*")],
+        ))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="ListOwnPrefixes", actions=["s3:ListBucket"],
+            resources=[artifact_bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [
+                f"{prefix}/*" for prefix in (base_model_root, output_prefix, reports_prefix)]}},
+        ))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="ProjectKeyThroughS3",
+            actions=["kms:Decrypt", "kms:GenerateDataKey"],
+            resources=[encryption_key.key_arn],
+            conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.amazonaws.com"}},
+        ))
+        # The ML storage volume is encrypted with the project key (VolumeKmsKeyId).
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="VolumeKeyGrant", actions=["kms:CreateGrant"],
+            resources=[encryption_key.key_arn],
+            conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+        ))
+        self.ecr_image.repository.grant_pull(self.iam_role)
+
+        log_group_arn = stack.format_arn(
+            service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="TrainingLogs",
+            actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
+                     "logs:DescribeLogStreams"],
+            resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+        ))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="TrainingMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
+            conditions={"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}},
+        ))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="VpcNetworkInterfaces",
+            actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
+                     "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
+            resources=["*"],
+            conditions={"ArnEquals": {"ec2:Vpc": stack.format_arn(
+                service="ec2", resource="vpc", resource_name=network.ec2_vpc.vpc_id)}},
+        ))
+        self.iam_role.add_to_policy(iam.PolicyStatement(
+            sid="VpcDescribe",
+            actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
+                     "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
+                     "ec2:DescribeSecurityGroups"],
+            resources=["*"],
+        ))
+        acknowledge(
+            self.iam_role,
+            "AwsSolutions-IAM5",
+            "Each wildcard is as narrow as the API allows: objects under the base-model root, "
+            "the model's own prefix and the reports prefix (adapters/ denied); the streams of "
+            "the training log group; PutMetricData is limited to the training namespace, "
+            "ecr:GetAuthorizationToken and EC2 Describe* have no resource-level permissions, and "
+            "the network-interface calls are limited to the models' VPC by ec2:Vpc.",
+            applies_to=[
+                f"Resource::arn:aws:s3:::{bucket_name}/{base_model_root}/*",
+                f"Resource::arn:aws:s3:::{bucket_name}/{output_prefix}/*",
+                f"Resource::arn:aws:s3:::{bucket_name}/{reports_prefix}/*",
+                f"Resource::{log_group_arn}:log-stream:*",
+                "Resource::*",
+            ],
+        )
+
+
+def _literal(value: str) -> str:
+    if cdk.Token.is_unresolved(value):
+        raise ValueError("the artifact bucket must be referenced by its literal name")
+    return value

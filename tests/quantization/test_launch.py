@@ -1,0 +1,294 @@
+"""The quantization launcher: the real sagemaker SDK (v3, .venv-sagemaker) against a moto server.
+
+moto stores CreateTrainingJob requests and marks every job Completed at once; it runs nothing.
+The server here therefore gets a stand-in for the job's run (:class:`SimulatedQuantizeJob`): it
+records the request as the SDK sent it, walks the job through SageMaker's statuses over a few
+DescribeTrainingJob calls, and then does to S3 what ``containers/quantize/quantize-job`` does
+(tests/quantization/test_quantize_cpu.py checks that script): the gate reports to REPORT_S3_URI
+always, the model to ARTIFACT_S3_URI only when the gate passes, and a Failed job with the
+failed checks as FailureReason otherwise. The gate reports are real ones (quantization.gate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.sagemaker import models as sagemaker_models
+from moto.sagemaker import responses as sagemaker_responses
+from moto.server import ThreadedMotoServer
+
+from quantization import job_outputs
+from quantization.gate import render_markdown, report_to_dict
+from quantization.scoring import EvalItem, TitleCatalog
+from tests.quantization.test_gate import gate, good_answer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGION = "ap-northeast-1"
+ACCOUNT = "123456789012"
+BUCKET = f"manga-assist-prod-models-{ACCOUNT}-{REGION}"
+SERVED_PREFIX = "models/llama-3-8b-instruct-awq"
+BASE_PREFIX = "base-models/Meta-Llama-3-8B-Instruct"
+IMAGE_URI = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets:quantize"
+ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/Prod-Serving-QuantizationJobRole"
+SUBNETS = ("subnet-0aaa", "subnet-0bbb")
+SECURITY_GROUP = "sg-0models"
+
+
+def sagemaker_python() -> Path:
+    path = Path(os.environ.get("MANGAASSIST_SAGEMAKER_PYTHON",
+                               REPO_ROOT / ".venv-sagemaker" / "bin" / "python"))
+    if not path.exists():
+        if os.environ.get("MANGAASSIST_REQUIRE_SAGEMAKER_ENV"):
+            pytest.fail(f"{path} is missing: make .venv-sagemaker/.installed")
+        pytest.skip(f"{path} is missing (the launcher's own environment; make test builds it)")
+    return path
+
+
+@dataclass
+class SimulatedQuantizeJob:
+    """What the training job does, played by the moto server: statuses, then S3 writes."""
+
+    endpoint_url: str
+    gate_report: dict[str, Any] = field(default_factory=dict)
+    gate_markdown: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    describes: dict[str, int] = field(default_factory=dict)
+
+    STEPS = (("InProgress", "Starting", "Preparing the instances for training"),
+             ("InProgress", "Downloading", "Downloading input data"),
+             ("InProgress", "Training", "Training image download completed. Training in progress."))
+
+    def on_create(self, body: dict[str, Any]) -> None:
+        self.requests.append(body)
+
+    def on_describe(self, job: Any) -> None:
+        count = self.describes.get(job.training_job_name, 0)
+        self.describes[job.training_job_name] = count + 1
+        if count < len(self.STEPS):
+            status, secondary, message = self.STEPS[count]
+            job.training_job_status, job.secondary_status = status, secondary
+            job.secondary_status_transitions = [
+                {"Status": secondary, "StartTime": job.creation_time, "StatusMessage": message}]
+            return
+        if count == len(self.STEPS):
+            self._finish(job)
+
+    def _finish(self, job: Any) -> None:
+        request = next(r for r in self.requests if r["TrainingJobName"] == job.training_job_name)
+        env = request["Environment"]
+        kms = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": env["ARTIFACT_KMS_KEY_ID"]}
+        s3 = boto3.client("s3", region_name=REGION, endpoint_url=self.endpoint_url,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        report_bucket, report_prefix = env["REPORT_S3_URI"][5:].split("/", 1)
+        report_json = json.dumps(self.gate_report)
+        for name, body in (("quality_gate.json", report_json),
+                           ("quality_gate.md", self.gate_markdown)):
+            s3.put_object(Bucket=report_bucket, Key=f"{report_prefix}{name}",
+                          Body=body.encode(), **kms)
+        if self.gate_report["passed"]:
+            model_bucket, model_prefix = env["ARTIFACT_S3_URI"][5:].split("/", 1)
+            for name, body in (("config.json", '{"quantization_config": {}}'),
+                               ("model.safetensors", "weights"),
+                               ("quality_gate.json", report_json),
+                               ("quality_gate.md", self.gate_markdown)):
+                s3.put_object(Bucket=model_bucket, Key=f"{model_prefix}{name}",
+                              Body=body.encode(), **kms)
+            job.training_job_status, job.secondary_status = "Completed", "Completed"
+        else:
+            failed = " ".join(f"- **{name}**" for name in self.gate_report["failed_checks"])
+            job.training_job_status, job.secondary_status = "Failed", "Failed"
+            job.failure_reason = f"quality gate failed (exit 1): {failed}"
+        job.secondary_status_transitions = [
+            {"Status": job.secondary_status, "StartTime": job.creation_time,
+             "StatusMessage": "Training job " + job.training_job_status.lower()}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def aws(eval_items: list[EvalItem], catalog: TitleCatalog) -> Iterator[SimulatedQuantizeJob]:
+    """A moto server with the Prod stacks' outputs, the bucket, and the simulated job."""
+    port = free_port()
+    job = SimulatedQuantizeJob(endpoint_url=f"http://127.0.0.1:{port}")
+    original_create = sagemaker_responses.SageMakerResponse.create_training_job
+    original_describe = sagemaker_models.SageMakerModelBackend.describe_training_job
+
+    def create(self: Any) -> Any:
+        job.on_create(json.loads(self.body))
+        return original_create(self)
+
+    def describe(self: Any, training_job_name: str) -> dict[str, Any]:
+        if training_job_name in self.training_jobs:
+            job.on_describe(self.training_jobs[training_job_name])
+            fake = self.training_jobs[training_job_name]
+            response = original_describe(self, training_job_name)
+            if getattr(fake, "failure_reason", None):
+                response["FailureReason"] = fake.failure_reason
+            return response
+        return original_describe(self, training_job_name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sagemaker_responses.SageMakerResponse, "create_training_job", create)
+        patch.setattr(sagemaker_models.SageMakerModelBackend, "describe_training_job", describe)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        try:
+            _provision(job.endpoint_url)
+            yield job
+        finally:
+            server.stop()
+
+
+def _provision(endpoint_url: str) -> None:
+    kwargs = {"region_name": REGION, "endpoint_url": endpoint_url,
+              "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    key_arn = boto3.client("kms", **kwargs).create_key()["KeyMetadata"]["Arn"]
+    s3 = boto3.client("s3", **kwargs)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_object(Bucket=BUCKET, Key=f"{BASE_PREFIX}/config.json", Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key=f"{SERVED_PREFIX}/adapters/manga_domain/adapter_config.json",
+                  Body=b'{"r": 64}')
+    outputs = {
+        job_outputs.FOUNDATION_STACK: {job_outputs.ARTIFACT_BUCKET: BUCKET,
+                                       job_outputs.PROJECT_KEY_ARN: key_arn},
+        job_outputs.SERVING_STACK: {job_outputs.JOB_ROLE_ARN: ROLE_ARN,
+                                    job_outputs.JOB_IMAGE_URI: IMAGE_URI,
+                                    job_outputs.JOB_SUBNET_IDS: ",".join(SUBNETS),
+                                    job_outputs.JOB_SECURITY_GROUP_ID: SECURITY_GROUP},
+    }
+    cloudformation = boto3.client("cloudformation", **kwargs)
+    for stack, values in outputs.items():
+        template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+                    "Outputs": {key: {"Value": value} for key, value in values.items()}}
+        cloudformation.create_stack(StackName=job_outputs.stack_name("Prod", stack),
+                                    TemplateBody=json.dumps(template))
+
+
+def launch(job: SimulatedQuantizeJob, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_ENDPOINT_URL": job.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "PYTHONPATH": str(REPO_ROOT)})
+    return subprocess.run(
+        [str(sagemaker_python()), "-m", "quantization.launch", "--env", "prod", "--poll-s", "0",
+         *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+def s3_keys(job: SimulatedQuantizeJob, prefix: str) -> set[str]:
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=job.endpoint_url,
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return {item["Key"] for item in listing.get("Contents", [])}
+
+
+def use_gate(job: SimulatedQuantizeJob, report: Any) -> None:
+    job.gate_report = report_to_dict(report)
+    job.gate_markdown = render_markdown(report)
+
+
+def test_a_passing_gate_uploads_the_model_and_exits_0(
+    aws: SimulatedQuantizeJob, eval_items: list[EvalItem], catalog: TitleCatalog
+) -> None:
+    use_gate(aws, gate(eval_items, catalog, good_answer))
+    result = launch(aws, "--base-model-prefix", BASE_PREFIX)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+    # The SDK's CreateTrainingJob request, as the server received it.
+    request = aws.requests[-1]
+    assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE_URI
+    assert request["AlgorithmSpecification"]["TrainingInputMode"] == "File"
+    assert request["RoleArn"] == ROLE_ARN
+    assert request["VpcConfig"] == {"Subnets": list(SUBNETS),
+                                    "SecurityGroupIds": [SECURITY_GROUP]}
+    key = request["OutputDataConfig"]["KmsKeyId"]
+    assert key.startswith(f"arn:aws:kms:{REGION}:{ACCOUNT}:key/")
+    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.4xlarge", "InstanceCount": 1,
+                                         "VolumeSizeInGB": 100, "VolumeKmsKeyId": key}
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 14400
+    [channel] = request["InputDataConfig"]
+    assert channel["ChannelName"] == "model"
+    assert channel["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{BUCKET}/{BASE_PREFIX}/"
+    run_id = request["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
+    assert request["Environment"] == {
+        "ARTIFACT_S3_URI": f"s3://{BUCKET}/{SERVED_PREFIX}/",
+        "REPORT_S3_URI": f"s3://{BUCKET}/quantization/runs/{run_id}/",
+        "ARTIFACT_KMS_KEY_ID": key,
+        "AWQ_BACKEND": "llm-compressor",
+        "AWQ_GROUP_SIZE": "128",
+    }
+    assert request["OutputDataConfig"]["S3OutputPath"] == (
+        f"s3://{BUCKET}/quantization/runs/{run_id}/sagemaker")
+    assert request["TrainingJobName"].startswith(run_id)
+    assert {"Key": "QuantizationRun", "Value": run_id} in request["Tags"]
+
+    # Progress: one line per status change, then the verdict and where the model went.
+    lines = result.stdout.splitlines()
+    states = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
+    # The SDK's TrainingJob.create describes the job once itself (the "Starting" step).
+    assert states == ["InProgress Downloading: Downloading input data",
+                      "InProgress Training: Training image download completed. Training in "
+                      "progress.",
+                      "Completed  Completed: Training job completed"]
+    assert "quality gate: PASSED" in lines
+    assert any(line.startswith("  ok   score_ja: measured 5") for line in lines)
+    assert lines[-1] == f"quality gate: PASSED; model uploaded to s3://{BUCKET}/{SERVED_PREFIX}/"
+    assert {f"{SERVED_PREFIX}/config.json", f"{SERVED_PREFIX}/quality_gate.md",
+            f"{SERVED_PREFIX}/adapters/manga_domain/adapter_config.json"} <= s3_keys(
+                aws, SERVED_PREFIX)
+
+
+def test_a_failing_gate_exits_1_says_why_and_uploads_no_model(
+    aws: SimulatedQuantizeJob, eval_items: list[EvalItem], catalog: TitleCatalog
+) -> None:
+    def forgets_japanese_titles(item: EvalItem) -> str:
+        return "わかりません。" if item.language == "ja" else good_answer(item)
+
+    use_gate(aws, gate(eval_items, catalog, forgets_japanese_titles))
+    before = s3_keys(aws, SERVED_PREFIX)
+    result = launch(aws, "--base-model-prefix", BASE_PREFIX)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "Failed     Failed: Training job failed" in result.stdout
+    headline = next(line for line in result.stdout.splitlines()
+                    if line.startswith("quality gate:"))
+    assert headline.startswith("quality gate: FAILED (")
+    assert "score_ja" in headline and "score_en" not in headline
+    assert any(line.startswith("  FAIL score_ja: measured 0") for line in result.stdout.splitlines())
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"nothing was uploaded to s3://{BUCKET}/{SERVED_PREFIX}/")
+    run_id = aws.requests[-1]["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
+    assert s3_keys(aws, f"quantization/runs/{run_id}/") == {
+        f"quantization/runs/{run_id}/quality_gate.json",
+        f"quantization/runs/{run_id}/quality_gate.md"}
+    assert s3_keys(aws, SERVED_PREFIX) == before
+
+
+def test_refuses_a_base_model_outside_what_the_role_may_read(aws: SimulatedQuantizeJob) -> None:
+    created = len(aws.requests)
+    result = launch(aws, "--base-model-prefix", "models/llama-3-8b-instruct-awq")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: --base-model-prefix: 'models/llama-3-8b-instruct-awq' is not accepted: the job's "
+        "role reads only under quantization.base_model_root; use base-models/<model name>")
+    assert len(aws.requests) == created
+
+
+def test_refuses_a_group_size_the_endpoint_is_not_configured_for(
+    aws: SimulatedQuantizeJob,
+) -> None:
+    result = launch(aws, "--base-model-prefix", BASE_PREFIX, "--group-size", "64")
+    assert result.returncode == 2
+    assert "--group-size: 64 is not accepted: the endpoint is configured for 'w4a16' (group 128)" \
+        in result.stderr

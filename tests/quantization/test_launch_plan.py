@@ -1,0 +1,97 @@
+"""The launcher's pure decisions: stack outputs, the job plan, the verdict and the exit code."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantization import job_outputs
+from quantization.launch_plan import (
+    GateVerdict,
+    LaunchError,
+    StackOutputs,
+    decide_outcome,
+    plan_job,
+    progress_line,
+)
+from stacks.settings import load_settings
+
+OUTPUTS = {
+    "Prod-Foundation": {job_outputs.ARTIFACT_BUCKET: "bucket",
+                        job_outputs.PROJECT_KEY_ARN: "arn:aws:kms:ap-northeast-1:1:key/k"},
+    "Prod-Serving": {job_outputs.JOB_ROLE_ARN: "arn:aws:iam::1:role/r",
+                     job_outputs.JOB_IMAGE_URI: "img", job_outputs.JOB_SUBNET_IDS: "s-1,s-2",
+                     job_outputs.JOB_SECURITY_GROUP_ID: "sg-1"},
+}
+MODEL = "s3://bucket/models/llama-3-8b-instruct-awq/"
+
+
+def test_stack_outputs_name_the_missing_stack_or_output() -> None:
+    outputs = StackOutputs.from_describe_stacks("Prod", OUTPUTS)
+    assert outputs.subnet_ids == ("s-1", "s-2")
+    with pytest.raises(LaunchError, match="stack Prod-Serving not found: deploy"):
+        StackOutputs.from_describe_stacks("Prod", {"Prod-Foundation": OUTPUTS["Prod-Foundation"]})
+    partial = {**OUTPUTS, "Prod-Serving": {job_outputs.JOB_ROLE_ARN: "r"}}
+    with pytest.raises(LaunchError, match="has no output QuantizationJobImageUri, "
+                                          "QuantizationJobSubnetIds"):
+        StackOutputs.from_describe_stacks("Prod", partial)
+
+
+def test_the_plan_writes_only_where_the_role_may_and_follows_the_served_format() -> None:
+    settings = load_settings("prod")
+    outputs = StackOutputs.from_describe_stacks("Prod", OUTPUTS)
+    plan = plan_job(settings, outputs, base_model_prefix="base-models/llama/", run_id="awq-1")
+    assert plan.base_model_uri == "s3://bucket/base-models/llama/"
+    assert plan.model_uri == MODEL
+    assert plan.report_uri == "s3://bucket/quantization/runs/awq-1/"
+    assert plan.environment["AWQ_BACKEND"] == "llm-compressor"
+    g64 = settings.model_copy(update={"llm": settings.llm.model_copy(update={
+        "model": settings.llm.model.model_copy(update={"quantization": "awq-g64"})})})
+    plan64 = plan_job(g64, outputs, base_model_prefix="base-models/llama", run_id="awq-1")
+    assert (plan64.environment["AWQ_BACKEND"], plan64.environment["AWQ_GROUP_SIZE"]) == (
+        "autoawq", "64")
+    with pytest.raises(LaunchError, match=r"--instance-type: 'ml\.inf2\.xlarge' is not accepted"):
+        plan_job(settings, outputs, base_model_prefix="base-models/x", run_id="awq-1",
+                 instance_type="ml.inf2.xlarge")
+    with pytest.raises(LaunchError, match="--group-size: 32 is not accepted; use one of 128, 64"):
+        plan_job(settings, outputs, base_model_prefix="base-models/x", run_id="awq-1",
+                 group_size=32)
+
+
+def test_progress_line_shows_elapsed_status_and_message() -> None:
+    line = progress_line(125.4, {"TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
+                                 "SecondaryStatusTransitions": [{"StatusMessage": "going"}]})
+    assert line == "[  2m05s] InProgress Training: going"
+
+
+def verdict(passed: bool) -> GateVerdict:
+    checks = [{"name": "score_ja", "passed": passed, "measured": 4.5 if passed else 2.0,
+               "threshold": 4.0, "comparison": ">="}]
+    import json
+    return GateVerdict.from_report(json.dumps(
+        {"passed": passed, "failed_checks": [] if passed else ["score_ja"], "checks": checks}))
+
+
+@pytest.mark.parametrize(("status", "reason", "passed", "keys", "code", "message"), [
+    ("Completed", None, True, {"config.json", "quality_gate.json"}, 0,
+     f"quality gate: PASSED; model uploaded to {MODEL}"),
+    ("Failed", "quality gate failed", False, set(), 1,
+     f"quality gate: FAILED (score_ja); nothing was uploaded to {MODEL}"),
+    ("Failed", "OutOfMemory", None, set(), 2, "job Failed: OutOfMemory; no gate report was written"),
+    ("Completed", None, True, {"quality_gate.json"}, 2,
+     f"the gate passed but config.json is missing at {MODEL}"),
+    ("Stopped", "MaxRuntimeExceeded", True, set(), 2,
+     f"the gate passed but the job Stopped: MaxRuntimeExceeded; check {MODEL} before serving it"),
+])
+def test_exit_code_is_0_only_for_a_completed_passing_uploaded_model(
+    status: str, reason: str | None, passed: bool | None, keys: set[str], code: int, message: str,
+) -> None:
+    outcome = decide_outcome(status, reason, None if passed is None else verdict(passed),
+                             frozenset(keys), MODEL)
+    assert (outcome.exit_code, outcome.message) == (code, message)
+
+
+def test_a_malformed_report_is_an_error_not_a_pass() -> None:
+    with pytest.raises(LaunchError, match=r"quality_gate\.json is not a gate report"):
+        GateVerdict.from_report('{"passed": "yes", "checks": []}')
+    with pytest.raises(LaunchError, match=r"quality_gate\.json is not a gate report"):
+        GateVerdict.from_report("<html>")

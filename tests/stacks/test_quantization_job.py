@@ -1,0 +1,80 @@
+"""The quantization job's stack resources: outputs the launcher reads, a role scoped to its
+prefixes, and an S3 gateway endpoint that lets the private subnets write only there.
+
+Role permissions follow "CreateTrainingJob API: Execution Role Permissions"
+(https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-createtrainingjob-perms);
+VPC training needs an S3 VPC endpoint ("Give SageMaker AI Training Jobs Access to Resources in
+Your Amazon VPC", https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quantization import job_outputs
+
+BUCKET = "manga-assist-prod-models-123456789012-ap-northeast-1"
+
+
+@pytest.fixture(scope="module")
+def serving(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return dict(synthesized.template("Prod/Serving"))
+
+
+def role_statements(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    [role_id] = [key for key, value in template["Resources"].items()
+                 if value["Type"] == "AWS::IAM::Role" and key.startswith("QuantizationJobRole")]
+    statements: dict[str, dict[str, Any]] = {}
+    for resource in template["Resources"].values():
+        props = resource.get("Properties", {})
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in props.get("Roles", []):
+            for statement in props["PolicyDocument"]["Statement"]:
+                statements[statement.get("Sid", str(statement["Action"]))] = statement
+    return statements
+
+
+def test_every_output_the_launcher_reads_exists(synthesized) -> None:  # type: ignore[no-untyped-def]
+    for stage in ("Dev", "Prod"):
+        for stack, keys in job_outputs.REQUIRED.items():
+            outputs = synthesized.template(f"{stage}/{stack}")["Outputs"]
+            assert set(keys) <= set(outputs), (stage, stack)
+
+
+def test_role_reads_base_models_and_writes_only_the_model_and_reports(
+    serving: dict[str, Any],
+) -> None:
+    statements = role_statements(serving)
+    assert statements["ReadBaseModels"]["Resource"] == f"arn:aws:s3:::{BUCKET}/base-models/*"
+    assert statements["WriteModelAndReports"]["Resource"] == [
+        f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/*",
+        f"arn:aws:s3:::{BUCKET}/quantization/runs/*"]
+    deny = statements["NeverTouchAdapters"]
+    assert deny["Effect"] == "Deny"
+    assert deny["Resource"] == f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/adapters/*"
+    assert statements["VolumeKeyGrant"]["Condition"] == {
+        "Bool": {"kms:GrantIsForAWSResource": "true"}}
+    assert "s3:DeleteObject" not in str(statements["WriteModelAndReports"]["Action"])
+
+
+def test_role_trusts_only_sagemaker_in_this_account(serving: dict[str, Any]) -> None:
+    [role] = [value for key, value in serving["Resources"].items()
+              if key.startswith("QuantizationJobRole") and value["Type"] == "AWS::IAM::Role"]
+    [statement] = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+    assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": "123456789012"}}
+
+
+def test_the_s3_endpoint_lets_the_subnets_write_only_the_job_outputs(
+    serving: dict[str, Any],
+) -> None:
+    [endpoint] = [value for value in serving["Resources"].values()
+                  if value["Type"] == "AWS::EC2::VPCEndpoint"
+                  and value["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
+    writes = [s for s in endpoint["Properties"]["PolicyDocument"]["Statement"]
+              if "s3:PutObject" in s["Action"]]
+    assert len(writes) == 1
+    assert writes[0]["Resource"] == [
+        f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/*",
+        f"arn:aws:s3:::{BUCKET}/quantization/runs/*"]

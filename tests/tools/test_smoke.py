@@ -1,0 +1,181 @@
+"""make smoke against the real gateway (simulated engine) and the real intent server (CPU model),
+behind the local SageMaker runtime stand-in, so that botocore's own parsers read every answer —
+the binary event stream of InvokeEndpointWithResponseStream included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from botocore.eventstream import EventStreamBuffer
+
+from stacks.settings import load_settings
+from tests.containers.intent.conftest import free_port, server_env, wait_until_ready
+from tests.containers.llm.harness import GatewayProcess
+from tools.eventstream import model_stream_error, payload_part
+from tools.runtime_standin import RuntimeStandin, StandinConfig
+from tools.smoke import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LLM, INTENT = "manga-assist-dev-llm", "manga-assist-dev-intent"
+
+
+def gateway_env() -> dict[str, str]:
+    """The routing the stack gives the container for dev (stacks/llm_endpoint.py)."""
+    from stacks.llm_endpoint import container_environment
+
+    llm = load_settings("dev").llm
+    env = container_environment(llm, llm.memory_plan(), endpoint_name=LLM,
+                                variant_name="AllTraffic")
+    keep = ("GATEWAY_ROUTING_TABLE", "GATEWAY_LOCALE_ROUTES", "GATEWAY_ADAPTERS")
+    return {key: env[key] for key in keep}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("smoke")
+
+
+@pytest.fixture(scope="module")
+def gateway(workdir: Path) -> Iterator[GatewayProcess]:
+    from gateway.demo_model import write_model_dir
+
+    model_dir = write_model_dir(workdir / "llm-model")
+    process = GatewayProcess(model_dir, workdir, {
+        **gateway_env(), "GATEWAY_TEST_MODE": "true", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "ENGINE_SIM_STEP_TIME_S": "0.02"})
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def intent_server(workdir: Path) -> Iterator[str]:
+    from neuron import compile as compile_cli
+    from neuron.model_archive import safe_extract
+    from neuron.random_model import build_random_distilbert
+
+    source = build_random_distilbert(workdir / "intent-source", size="tiny")
+    out = workdir / "intent-compiled"
+    assert compile_cli.main(["--target", "cpu", "--model-dir", str(source), "--out", str(out),
+                             "--batch-sizes", "1,4", "--latency-iterations", "2",
+                             "--latency-warmup", "1"]) == 0
+    model_dir = workdir / "intent-model"
+    safe_extract(out / "model.tar.gz", model_dir)
+    port = free_port()
+    with (workdir / "intent.out").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(REPO_ROOT / "containers/intent/serve"), "serve"], cwd=REPO_ROOT,
+            env=server_env(model_dir, port), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}", process=process)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Dummy credentials, and dev's thresholds with room for 2 shared CPU cores under load."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(REPO_ROOT / "config", tmp_path / "config")
+    dev = tmp_path / "config" / "dev.yaml"
+    data = yaml.safe_load(dev.read_text(encoding="utf-8"))
+    data["smoke"].update(llm_time_to_first_token_ms=10000, intent_latency_ms=10000)
+    dev.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    monkeypatch.setenv("MANGAASSIST_CONFIG_DIR", str(tmp_path / "config"))
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+def smoke(standin: RuntimeStandin, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    code = main(["--env", "dev", "--endpoint-url", standin.url])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def config(gateway: GatewayProcess, intent_url: str, **extra: object) -> StandinConfig:
+    # 37-byte parts split SSE lines and multi-byte UTF-8 characters across events.
+    return StandinConfig({LLM: gateway.url, INTENT: intent_url}, max_part_bytes=37,
+                         **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_passes_against_the_real_containers(
+    gateway: GatewayProcess, intent_server: str, aws_env: None,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    with RuntimeStandin(config(gateway, intent_server)) as standin:
+        code, lines = smoke(standin, capsys)
+    assert code == 0, "\n".join(lines)
+    rows = {tuple(line.split()[:3]) for line in lines[1:]}
+    for name in ("conversation ja", "conversation en", "routed intent+locale", "stream"):
+        assert (LLM, *name.split()[:1], *name.split()[1:2]) in rows or any(
+            line.startswith(LLM) and name in line and "  ok  " in line for line in lines), name
+    assert any(line.startswith(INTENT) and "batch" in line and "  ok  " in line for line in lines)
+    routed = next(line for line in lines if "routed intent+locale" in line)
+    assert routed.endswith("adapter manga-ja")  # recommendation + ja-JP: config/dev.yaml
+    assert lines[-1] == "smoke: 5 passed, 0 failed"
+    assert f"invocations-response-stream {LLM}" in standin.config.invocations
+
+
+@pytest.mark.slow
+def test_fails_saying_why_when_a_stream_breaks_off(
+    gateway: GatewayProcess, intent_server: str, aws_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with RuntimeStandin(config(gateway, intent_server, cut_stream_after_parts=4)) as standin:
+        code, lines = smoke(standin, capsys)
+    assert code == 1
+    [failure] = [line for line in lines if line.startswith("FAIL ")]
+    assert failure.startswith(f"FAIL {LLM} stream: stream broke off: ")
+    assert "and no [DONE]" in failure
+    assert lines[-1] == "smoke: 4 passed, 1 failed"
+
+
+@pytest.mark.slow
+def test_fails_saying_why_when_the_gateway_answers_with_a_fallback(
+    gateway: GatewayProcess, intent_server: str, aws_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 48 tokens at 20 ms a step: the first conversation is in flight for about a second when
+    # the simulated CUDA OOM kills the engine; the gateway answers it with a fallback.
+    def oom_soon() -> None:
+        time.sleep(0.4)
+        httpx.post(f"{gateway.url}/admin/engine/oom", timeout=5)
+
+    with RuntimeStandin(config(gateway, intent_server)) as standin:
+        killer = threading.Thread(target=oom_soon)
+        killer.start()
+        code, lines = smoke(standin, capsys)
+        killer.join()
+    assert code == 1
+    failures = [line for line in lines if line.startswith("FAIL ")]
+    assert failures[0].startswith(
+        f"FAIL {LLM} conversation ja: fallback answer (engine_out_of_memory): "), lines
+    gateway.wait_ready()  # it rebuilt the engine in-process for the next test
+
+
+def test_botocore_reads_the_event_stream_framing() -> None:
+    buffer = EventStreamBuffer()
+    buffer.add_data(payload_part("data: {\"x\": \"漫画\"}\n".encode()) + model_stream_error("boom"))
+    first, second = list(buffer)
+    assert first.headers[":event-type"] == "PayloadPart"
+    assert first.payload.decode() == 'data: {"x": "漫画"}\n'
+    assert second.headers[":exception-type"] == "ModelStreamError"
+    assert second.payload == b'{"Message": "boom", "ErrorCode": "ModelStreamError"}'
