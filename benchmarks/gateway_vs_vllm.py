@@ -17,7 +17,8 @@ turn, so the history is a cached prefix as in a real chat) it measures:
 and prints both servers' figures and the ratios (targets: gateway p50 ≤ 1.10× and throughput
 ≥ 0.95× vLLM's server). A benchmark, not a test: it exits 0 (``--check``: 1 if a target is missed).
 
-    python benchmarks/gateway_vs_vllm.py [--requests 60] [--per-client 8] [--rounds 3] [--turns 5 30 60]
+    python benchmarks/gateway_vs_vllm.py [--requests 60] [--per-client 8] [--rounds 3]
+                                         [--turns 5 30 60] [--model manga]
 """
 
 from __future__ import annotations
