@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from gpu_budget import MemoryPlan
+from serving_contract import format_adapters, format_locale_routes, format_routing
 from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
 from stacks.container_image import repo_image_asset
 from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
@@ -31,6 +32,7 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "gpu_budget",
     "metrics_contract",
     "request_buckets",
+    "serving_contract",
     "intents",
     "quantization/__init__.py",
     "quantization/system_prompt.py",
@@ -57,20 +59,15 @@ def container_environment(
             "max_num_queued_reqs": settings.engine.max_num_queued_reqs,
         }
     )
-    routing = ",".join(f"{intent}={target}" for intent, target in sorted(settings.routing.items()))
-    locale_routes = ";".join(
-        f"{locale}:" + ",".join(f"{src}={dst}" for src, dst in sorted(table.items()))
-        for locale, table in sorted(settings.locale_routes.items())
-    )
     env.update(
         {
             "GATEWAY_ENGINE": "vllm",
             "GATEWAY_MODEL_DIR": MODEL_DIR,
             "GATEWAY_SERVED_MODEL_NAME": settings.model.served_model_name,
             "GATEWAY_ADAPTERS_DIR": f"{MODEL_DIR}/{ADAPTERS_DIR}",
-            "GATEWAY_ADAPTERS": ",".join(f"{a.name}={a.folder}" for a in settings.adapters),
-            "GATEWAY_ROUTING_TABLE": routing,
-            "GATEWAY_LOCALE_ROUTES": locale_routes,
+            "GATEWAY_ADAPTERS": format_adapters((a.name, a.folder) for a in settings.adapters),
+            "GATEWAY_ROUTING_TABLE": format_routing(settings.routing),
+            "GATEWAY_LOCALE_ROUTES": format_locale_routes(settings.locale_routes),
             "GATEWAY_METRICS_ENDPOINT_NAME": endpoint_name,
             "GATEWAY_METRICS_VARIANT_NAME": variant_name,
         }

@@ -26,6 +26,15 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from serving_contract import (
+    ADAPTER_NAME_PATTERN,
+    BASE_ROUTE,
+    DIRECTORY_PATTERN,
+    LOCALE_PATTERN,
+    RESERVED_NAMES,
+    SERVED_MODEL_NAME_PATTERN,
+)
+
 if TYPE_CHECKING:
     from gpu_budget import MemoryPlan
     from release_calendar import CapacityModel
@@ -259,12 +268,12 @@ class EndpointAlarmSettings(_Strict):
     pinned_at_max_minutes: int = Field(15, ge=1, le=60)
 
 
-AdapterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")]
-FolderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+# What the stack writes into the LLM container and the gateway parses: one contract for both.
+AdapterName = Annotated[str, StringConstraints(pattern=ADAPTER_NAME_PATTERN.pattern)]
+FolderName = Annotated[str, StringConstraints(pattern=DIRECTORY_PATTERN.pattern)]
+LocaleTag = Annotated[str, StringConstraints(pattern=LOCALE_PATTERN.pattern)]
 RepoRelativePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$")]
 S3Prefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*[^/]$")]
-ROUTE_BASE = "base"
-"""Routing-table value meaning "the base model, no adapter"."""
 
 
 class LoraAdapterSettings(_Strict):
@@ -300,7 +309,7 @@ class BaseModelSettings(_Strict):
     quantization: str = Field(
         description="Checkpoint format: bf16, fp16, int8, awq, awq-g64, w4a16, w4a16-g64."
     )
-    served_model_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    served_model_name: Annotated[str, StringConstraints(pattern=SERVED_MODEL_NAME_PATTERN.pattern)]
     base_model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")] = Field(
         description="Hugging Face id of the model the weights were quantized from and the LoRA "
         "adapters trained on (e.g. meta-llama/Meta-Llama-3-8B-Instruct); `make publish` refuses "
@@ -481,10 +490,7 @@ class LlmEndpointSettings(_Strict):
         default_factory=dict,
         description="intent -> adapter name (or 'base') when a request names no model.",
     )
-    locale_routes: dict[
-        Annotated[str, StringConstraints(pattern=r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")],
-        dict[AdapterName, AdapterName],
-    ] = Field(
+    locale_routes: dict[LocaleTag, dict[AdapterName, AdapterName]] = Field(
         default_factory=dict,
         description="locale -> {adapter picked by intent: adapter to use instead}.",
     )
@@ -521,7 +527,14 @@ class LlmEndpointSettings(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"adapters: name {duplicates[0]!r} is used twice")
-        served = {*names, ROUTE_BASE}
+        reserved = sorted(RESERVED_NAMES & {*names, self.model.served_model_name})
+        if reserved:
+            raise ValueError(f"adapters: {reserved[0]!r} is reserved (model={reserved[0]!r} "
+                             "means something else); accepted: any other name")
+        if self.model.served_model_name in names:
+            raise ValueError(f"adapters: {self.model.served_model_name!r} is the base model's "
+                             "served name; accepted: a name of its own")
+        served = {*names, BASE_ROUTE}
         for intent, target in self.routing.items():
             if target not in served:
                 raise ValueError(

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from intents import INTENT_LABELS
-from stacks.settings import ROUTE_BASE, LlmEndpointSettings, SmokeSettings
+from serving_contract import BASE_ROUTE
+from stacks.settings import LlmEndpointSettings, SmokeSettings
 
 JA_CONVERSATION: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "『ONE PIECE』は今何巻まで出ていますか？"},
@@ -61,9 +62,9 @@ def chat_body(messages: Sequence[Mapping[str, str]], smoke: SmokeSettings, *,
 
 def expected_adapter(llm: LlmEndpointSettings, intent: str, locale: str) -> str | None:
     """The adapter the gateway must pick for intent + locale (None: the base model)."""
-    adapter = llm.routing.get(intent, ROUTE_BASE)
+    adapter = llm.routing.get(intent, BASE_ROUTE)
     adapter = llm.locale_routes.get(locale, {}).get(adapter, adapter)
-    return None if adapter == ROUTE_BASE else adapter
+    return None if adapter == BASE_ROUTE else adapter
 
 
 def judge_chat(endpoint: str, name: str, raw: bytes, latency_ms: float, smoke: SmokeSettings,

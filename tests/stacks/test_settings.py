@@ -184,6 +184,19 @@ def test_bad_llm_value_names_the_field(path: str, value: Any, expected: str) -> 
     assert expected in error_for(set_path(base(), path, value))
 
 
+@pytest.mark.parametrize(("name", "expected"), [
+    ("base", "llm: adapters: 'base' is reserved"),
+    ("auto", "llm: adapters: 'auto' is reserved"),
+    ("Manga", "llm.adapters[0].name: 'Manga' is not accepted"),
+])
+def test_an_adapter_name_the_gateway_cannot_serve_is_refused(name: str, expected: str) -> None:
+    data = base()
+    data["llm"]["adapters"][0]["name"] = name
+    data["llm"]["routing"] = {}
+    data["llm"]["locale_routes"] = {}
+    assert expected in error_for(data)
+
+
 def test_scaling_min_above_max() -> None:
     data = set_path(base(), "llm.scaling.min_capacity", 3)
     message = error_for(data)

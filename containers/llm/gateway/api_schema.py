@@ -14,10 +14,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+)
 
-from gateway.settings import LOCALE_PATTERN
 from intents import INTENT_LABELS, require_intent
+from serving_contract import LOCALE_PATTERN
 
 EXTENSION_FIELD = "mangaassist"
 """Name of the extension namespace in requests and responses."""
@@ -114,7 +123,7 @@ class ChatCompletionRequest(BaseModel):
         return value
 
 
-# --- responses (documented in the OpenAPI schema; built as plain dicts for speed) ---
+# --- responses (gateway.responses builds every answer from these) ---
 class ErrorDetail(BaseModel):
     """OpenAI's error object."""
 
@@ -247,6 +256,49 @@ class PingResponse(BaseModel):
     prompt_rendering: PromptRenderingStatus
 
 
+class ChunkDelta(BaseModel):
+    """What a stream chunk adds: the role once, then content; absent fields are left out."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _present_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChunkChoice(BaseModel):
+    """The single choice of a stream chunk."""
+
+    index: int
+    delta: ChunkDelta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One Server-Sent Event of a streamed answer (OpenAI's chat.completion.chunk).
+
+    ``mangaassist`` rides on the first chunk (the route and the context report) and on the last
+    one with a finish_reason (adding ``fallback``); the optional usage chunk has no choices.
+    """
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    mangaassist: ResponseExtension | None = None
+
+    @model_serializer(mode="wrap")
+    def _optional_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        document: dict[str, Any] = handler(self)
+        for key in ("usage", "mangaassist"):
+            if document[key] is None:
+                del document[key]
+        return document
 
 
 STREAM_DESCRIPTION = (

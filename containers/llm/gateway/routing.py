@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.engines.base import AdapterRef
-from gateway.settings import AUTO_MODEL, BASE_ROUTE, AdapterSpec, normalize_locale
+from gateway.settings import AdapterSpec
+from serving_contract import AUTO_MODEL, BASE_ROUTE, normalize_locale
 
 
 def adapter_refs(adapters: Sequence[AdapterSpec], adapters_dir: Path) -> dict[str, AdapterRef]:

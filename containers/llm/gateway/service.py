@@ -14,7 +14,7 @@ import contextlib
 import time
 from array import array
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.admission import (
@@ -25,7 +25,7 @@ from gateway.admission import (
     RefusalReason,
     classify_bucket,
 )
-from gateway.api_schema import ChatCompletionRequest
+from gateway.api_schema import ChatCompletionRequest, ContextReport, ResponseExtension
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.context_budget import BudgetError, BudgetMessage, ContextPlan, plan_context
 from gateway.engines.base import (
@@ -114,7 +114,8 @@ class PreparedChat:
     context_factor: float
     language: str
     reserved_tokens: int
-    extension: dict[str, Any] = field(default_factory=dict)
+    extension: ResponseExtension
+    """The response's ``mangaassist`` object (how the answer ended is added at the end)."""
 
 
 @dataclass
@@ -125,6 +126,60 @@ class Admission:
     engine: InferenceEngine
     generation: int
     admitted_at: float
+
+
+Event = TextEvent | FinishEvent
+
+
+class ChatRun:
+    """A request on its way: what ``prepare`` made of it, and the events of its answer.
+
+    Iterate :meth:`events` once (or :meth:`collect` it); :meth:`close` releases what the run
+    holds if it is abandoned. The first event of a stream is fetched before the run is handed
+    over, so that a refusal at the first engine step is still an HTTP error, not a broken stream.
+    """
+
+    def __init__(self, prepared: PreparedChat, events: AsyncGenerator[Event, None],
+                 first: Event | None = None) -> None:
+        self.prepared = prepared
+        self._events = events
+        self._first = first
+
+    @property
+    def early_finish(self) -> FinishEvent | None:
+        """The answer's end when it came before any text (a fallback known before a stream's
+        headers are sent); None otherwise."""
+        return self._first if isinstance(self._first, FinishEvent) else None
+
+    async def events(self) -> AsyncGenerator[Event, None]:
+        """Text events, then one FinishEvent; ApiError if the engine refuses the request."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        async for event in self._events:
+            yield event
+
+    async def collect(self) -> tuple[str, FinishEvent]:
+        """The whole answer's text and how it ended."""
+        texts: list[str] = []
+        finish: FinishEvent | None = None
+        try:
+            async for event in self.events():
+                if isinstance(event, TextEvent):
+                    texts.append(event.text)
+                else:
+                    finish = event
+        finally:
+            await self.close()
+        return "".join(texts), finish or FinishEvent("stop")
+
+    async def close(self) -> None:
+        """Stop generating (a client that went away) and release the KV reservation."""
+        await self._events.aclose()
+
+
+async def _only(event: Event) -> AsyncGenerator[Event, None]:
+    yield event
 
 
 def _stripped(content: str) -> str:
@@ -171,6 +226,26 @@ class ChatService:
         self._role_overhead = {role: tokenizer.overhead.for_role(role)
                                for role in ("system", "user", "assistant")}
         self._rag_header_tokens = tokenizer.count([RAG_HEADER])[0]
+
+    async def start(self, request: ChatCompletionRequest, record: RequestRecord) -> ChatRun:
+        """The whole request path up to the answer's events: prepare (validate, route, budget),
+        the breaker's fresh-context answer for XL, admission, then generation.
+
+        ApiError (4xx, or 429/503 with Retry-After) for anything answered before generation.
+        """
+        prepared = self.prepare(request, record)
+        if self.refuses_as_xl(prepared):
+            events = _only(self.xl_fallback(prepared))
+        else:
+            events = self.run(prepared, await self.admit(prepared))
+        if not request.stream:
+            return ChatRun(prepared, events)
+        try:
+            first = await events.__anext__()
+        except ApiError:
+            await events.aclose()
+            raise
+        return ChatRun(prepared, events, first)
 
     # --- validate, route, budget ---
     def prepare(self, request: ChatCompletionRequest, record: RequestRecord) -> PreparedChat:
@@ -239,13 +314,13 @@ class ChatService:
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
         )
-        prepared = PreparedChat(
+        return PreparedChat(
             request=request, record=record, route=route, params=params, plan=plan,
             prompt=prompt, turns=turns, bucket=bucket, breaker_state=breaker_state,
             context_factor=context_factor, language=language, reserved_tokens=reserved,
+            extension=self._extension(route, bucket, breaker_state, plan, prompt,
+                                      context_factor, language),
         )
-        prepared.extension = self._extension(prepared)
-        return prepared
 
     def _pinned(self, indices: Sequence[int], last: int) -> set[int]:
         pinned: set[int] = set()
@@ -338,33 +413,34 @@ class ChatService:
             known.append(ids[index])
         return result, known
 
-    def _extension(self, prepared: PreparedChat) -> dict[str, Any]:
-        plan = prepared.plan
-        notice = (_NOTICES[prepared.language].format(count=plan.dropped_turns)
-                  if plan.truncated else None)
-        return {
-            "adapter": prepared.route.adapter.name if prepared.route.adapter else None,
-            "route": prepared.route.reason,
-            "bucket": prepared.bucket.value,
-            "breaker": prepared.breaker_state.value,
-            "fallback": None,
-            "deadline_exceeded": False,
-            "context": {
-                "prompt_tokens": prepared.prompt.num_tokens,
-                "prompt_budget_tokens": plan.prompt_budget_tokens,
-                "history_budget_tokens": plan.history_budget_tokens,
-                "max_output_tokens": plan.max_output_tokens,
-                "template_overhead_tokens": plan.fixed_overhead_tokens,
-                "kept_messages": list(plan.kept_indices),
-                "dropped_messages": list(plan.dropped_indices),
-                "dropped_turns": plan.dropped_turns,
-                "truncated": plan.truncated,
-                "truncation_notice": notice,
-                "rag_chunks_kept": plan.rag_chunks_kept,
-                "rag_chunks_dropped": plan.rag_chunks_dropped,
-                "context_factor": prepared.context_factor,
-            },
-        }
+    @staticmethod
+    def _extension(route: RouteDecision, bucket: LengthBucket, breaker_state: BreakerState,
+                   plan: ContextPlan, prompt: RenderedPrompt, context_factor: float,
+                   language: str) -> ResponseExtension:
+        notice = _NOTICES[language].format(count=plan.dropped_turns) if plan.truncated else None
+        return ResponseExtension(
+            adapter=route.adapter.name if route.adapter else None,
+            route=route.reason,
+            bucket=bucket.value,
+            breaker=breaker_state.value,
+            fallback=None,
+            deadline_exceeded=False,
+            context=ContextReport(
+                prompt_tokens=prompt.num_tokens,
+                prompt_budget_tokens=plan.prompt_budget_tokens,
+                history_budget_tokens=plan.history_budget_tokens,
+                max_output_tokens=plan.max_output_tokens,
+                template_overhead_tokens=plan.fixed_overhead_tokens,
+                kept_messages=list(plan.kept_indices),
+                dropped_messages=list(plan.dropped_indices),
+                dropped_turns=plan.dropped_turns,
+                truncated=plan.truncated,
+                truncation_notice=notice,
+                rag_chunks_kept=plan.rag_chunks_kept,
+                rag_chunks_dropped=plan.rag_chunks_dropped,
+                context_factor=context_factor,
+            ),
+        )
 
     # --- admit ---
     def refuses_as_xl(self, prepared: PreparedChat) -> bool:

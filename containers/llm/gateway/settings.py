@@ -18,20 +18,25 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from intents import INTENT_LABELS
 from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
+from serving_contract import (
+    ADAPTER_NAME_PATTERN,
+    AUTO_MODEL,
+    BASE_ROUTE,
+    DIRECTORY_PATTERN,
+    RESERVED_NAMES,
+    SERVED_MODEL_NAME_PATTERN,
+    FormatError,
+    parse_adapters,
+    parse_locale_routes,
+    parse_routing,
+)
 
-ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-LOCALE_PATTERN = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")
-BASE_ROUTE = "base"
-"""Routing-table value meaning "the base model, no adapter"."""
-AUTO_MODEL = "auto"
-"""``model`` value meaning "route by intent and locale"."""
 SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
 SAGEMAKER_SIGKILL_AFTER_S = 30.0
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -369,17 +374,24 @@ class _Reader:
 
 
 def _parse_adapters(reader: _Reader, served_model_name: str) -> tuple[AdapterSpec, ...]:
+    env = "GATEWAY_ADAPTERS"
+    # Set to "" it is the empty list (the base model only); only unset takes the default.
+    try:
+        pairs = parse_adapters(reader.raw(env, empty_means_default=False) or "")
+    except FormatError as error:
+        reader.fail(env, reader.raw(env), str(error))
+        return ()
     adapters: list[AdapterSpec] = []
-    for name, directory in reader.pairs("GATEWAY_ADAPTERS"):
-        if not ADAPTER_NAME_PATTERN.match(name) or name in (BASE_ROUTE, AUTO_MODEL,
-                                                            served_model_name):
-            reader.fail("GATEWAY_ADAPTERS", name,
+    for name, directory in pairs:
+        if not ADAPTER_NAME_PATTERN.match(name) or name in RESERVED_NAMES \
+                or name == served_model_name:
+            reader.fail(env, name,
                         f"adapter names match {ADAPTER_NAME_PATTERN.pattern} and are not "
                         f"'{BASE_ROUTE}', '{AUTO_MODEL}' or the served model name")
         elif any(existing.name == name for existing in adapters):
-            reader.fail("GATEWAY_ADAPTERS", name, "each adapter name once")
-        elif "/" in directory or directory in (".", ".."):
-            reader.fail("GATEWAY_ADAPTERS", directory,
+            reader.fail(env, name, "each adapter name once")
+        elif not DIRECTORY_PATTERN.match(directory) or directory in (".", ".."):
+            reader.fail(env, directory,
                         "a directory name inside GATEWAY_ADAPTERS_DIR, not a path")
         else:
             adapters.append(AdapterSpec(name=name, directory=directory))
@@ -387,50 +399,43 @@ def _parse_adapters(reader: _Reader, served_model_name: str) -> tuple[AdapterSpe
 
 
 def _parse_routing(reader: _Reader, adapter_names: set[str]) -> dict[str, str]:
+    env = "GATEWAY_ROUTING_TABLE"
+    try:
+        pairs = parse_routing(reader.raw(env, empty_means_default=False) or "")
+    except FormatError as error:
+        reader.fail(env, reader.raw(env), str(error))
+        return {}
     table: dict[str, str] = {}
     targets = sorted(adapter_names | {BASE_ROUTE})
-    for intent, target in reader.pairs("GATEWAY_ROUTING_TABLE"):
+    for intent, target in pairs:
         if intent not in INTENT_LABELS:
-            reader.fail("GATEWAY_ROUTING_TABLE", intent,
-                        f"keys are intents: {', '.join(INTENT_LABELS)}")
+            reader.fail(env, intent, f"keys are intents: {', '.join(INTENT_LABELS)}")
         elif target not in adapter_names and target != BASE_ROUTE:
-            reader.fail("GATEWAY_ROUTING_TABLE", f"{intent}={target}",
+            reader.fail(env, f"{intent}={target}",
                         f"values are served adapters or '{BASE_ROUTE}': {', '.join(targets)}")
         else:
             table[intent] = target
     return table
 
 
-def normalize_locale(locale: str) -> str:
-    """Canonical case of a BCP-47-style tag: language lower-case, region upper-case (ja-JP)."""
-    parts = locale.split("-")
-    out = [parts[0].lower()]
-    for part in parts[1:]:
-        out.append(part.upper() if len(part) == 2 else part.title() if len(part) == 4 else part)
-    return "-".join(out)
-
-
 def _parse_locale_routes(reader: _Reader, adapter_names: set[str]) -> dict[tuple[str, str], str]:
     env = "GATEWAY_LOCALE_ROUTES"
     raw = reader.raw(env, empty_means_default=False) or ""
-    routes: dict[tuple[str, str], str] = {}
     known = adapter_names | {BASE_ROUTE}
     accepted = ("expected locale:adapter=replacement[,adapter=replacement][;locale:...] "
                 f"(e.g. ja-JP:manga=manga-ja) naming served adapters or '{BASE_ROUTE}'")
-    for group in (part.strip() for part in raw.split(";")):
-        locale: str | None = None
-        for item in (part.strip() for part in group.split(",")):
-            if not item:
-                continue
-            if ":" in item:
-                locale, _, item = item.partition(":")
-                locale = locale.strip()
-            source, sep, replacement = (part.strip() for part in item.partition("="))
-            if (locale is None or not LOCALE_PATTERN.match(locale) or not sep
-                    or source not in known or replacement not in known):
-                reader.fail(env, raw, f"{accepted}; bad item {item!r}")
+    try:
+        parsed = parse_locale_routes(raw)
+    except FormatError as error:
+        reader.fail(env, raw, f"{accepted}; bad item {error.item!r}")
+        return {}
+    routes: dict[tuple[str, str], str] = {}
+    for locale, table in parsed.items():
+        for source, replacement in table.items():
+            if source not in known or replacement not in known:
+                reader.fail(env, raw, f"{accepted}; bad item {source}={replacement}")
                 return routes
-            routes[(normalize_locale(locale), source)] = replacement
+            routes[(locale, source)] = replacement
     return routes
 
 
@@ -528,9 +533,10 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
 
     engine_name = reader.text("GATEWAY_ENGINE")
     served = reader.text("GATEWAY_SERVED_MODEL_NAME")
-    if not ADAPTER_NAME_PATTERN.match(served) or served in (AUTO_MODEL, BASE_ROUTE):
+    if not SERVED_MODEL_NAME_PATTERN.match(served) or served in RESERVED_NAMES:
         reader.fail("GATEWAY_SERVED_MODEL_NAME", served,
-                    f"a name matching {ADAPTER_NAME_PATTERN.pattern}, not '{AUTO_MODEL}'/'base'")
+                    f"a name matching {SERVED_MODEL_NAME_PATTERN.pattern}, not "
+                    f"'{AUTO_MODEL}'/'{BASE_ROUTE}'")
     model_dir = Path(reader.text("GATEWAY_MODEL_DIR"))
     adapters_dir_raw = reader.raw("GATEWAY_ADAPTERS_DIR")
     adapters = _parse_adapters(reader, served)

@@ -13,16 +13,16 @@ the request metrics.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
 from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
+from gateway.settings import Settings
 from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
 
-if TYPE_CHECKING:
-    from gateway.app import GatewayRuntime
+LogCallback = Callable[..., None]
 
 WARMUP_HEADER = "x-mangaassist-warmup"
 _TOKENS_PER_MESSAGE = 80
@@ -38,13 +38,14 @@ def _message(index: int, tokens_target: int, count: Callable[[str], int]) -> str
     return " ".join(parts)
 
 
-def warmup_requests(runtime: GatewayRuntime) -> list[tuple[str, dict[str, Any]]]:
-    """(label, body) of every warmup request for this runtime's models and budget."""
-    settings = runtime.settings
-    max_model_len = settings.engine.max_model_len
+def warmup_requests(settings: Settings, *, served_names: Sequence[str],
+                    count: Callable[[str], int], log: LogCallback
+                    ) -> list[tuple[str, dict[str, Any]]]:
+    """(label, body) of every warmup request for these models and this budget.
 
-    def count(text: str) -> int:
-        return runtime.tokenizer.count([text])[0]
+    ``count`` is the served tokenizer's token count of a text; ``log`` the telemetry's log.
+    """
+    max_model_len = settings.engine.max_model_len
 
     history_cap = settings.gateway.context_split.history * max_model_len
     long_turns = min(settings.gateway.max_messages - 2,
@@ -58,7 +59,7 @@ def warmup_requests(runtime: GatewayRuntime) -> list[tuple[str, dict[str, Any]]]
     if system_tokens > system_budget:
         # Production traffic carrying this prompt would be refused too: say so loudly, and warm
         # up with a prompt that fits so the rest of the path is still exercised.
-        runtime.telemetry.log(
+        log(
             "warmup_system_prompt_over_budget", level="warning", system_prompt_tokens=system_tokens,
             system_budget_tokens=system_budget,
             message="the production system prompt does not fit the system share of "
@@ -66,7 +67,7 @@ def warmup_requests(runtime: GatewayRuntime) -> list[tuple[str, dict[str, Any]]]
         )
         system_prompt = SYSTEM_PROMPT_EN
     requests: list[tuple[str, dict[str, Any]]] = []
-    for model in runtime.router.served_names():
+    for model in served_names:
         for shape, (turns, max_tokens) in shapes.items():
             # The production system prompt: its KV blocks stay in the prefix cache, and it is the
             # prompt the AWQ model was calibrated and quality-gated on.
@@ -90,25 +91,22 @@ def warmup_requests(runtime: GatewayRuntime) -> list[tuple[str, dict[str, Any]]]
     return requests
 
 
-async def run_warmup(client: httpx.AsyncClient, runtime: GatewayRuntime, *,
-                     progress: Callable[[str], None]) -> bool:
+async def run_warmup(client: httpx.AsyncClient, requests: Sequence[tuple[str, dict[str, Any]]],
+                     *, headers: dict[str, str], progress: Callable[[str], None],
+                     log: LogCallback) -> bool:
     """Send every warmup request; True when all answered 200 without a fallback."""
-    requests = warmup_requests(runtime)
-    headers = {WARMUP_HEADER: runtime.warmup_token}
     for done, (label, body) in enumerate(requests):
         progress(f"warmup {done}/{len(requests)} requests ({label} next)")
         try:
             response = await client.post("/invocations", json=body, headers=headers)
         except httpx.HTTPError as error:
-            runtime.telemetry.log("warmup_failed", level="warning", request=label,
-                                  error=repr(error))
+            log("warmup_failed", level="warning", request=label, error=repr(error))
             return False
         fallback = response.headers.get("X-MangaAssist-Fallback")
         complete = (not body.get("stream")) or response.text.rstrip().endswith("data: [DONE]")
         if response.status_code != 200 or fallback or not complete:
-            runtime.telemetry.log("warmup_failed", level="warning", request=label,
-                                  status=response.status_code, fallback=fallback,
-                                  body=response.text[:300])
+            log("warmup_failed", level="warning", request=label, status=response.status_code,
+                fallback=fallback, body=response.text[:300])
             return False
     progress(f"warmup {len(requests)}/{len(requests)} requests done")
     return True

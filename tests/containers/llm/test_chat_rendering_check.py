@@ -98,12 +98,12 @@ def test_the_runtime_switches_to_the_engine_rendering_and_says_so(
     reference = hf_renderer(demo_model_dir, template=other)
     runtime, lines = make_runtime()
     try:
-        runtime._check_chat_rendering(RenderingEngine(reference))
+        runtime.events.check_chat_rendering(RenderingEngine(reference))
         (record,) = events(lines, "chat_template_check")
         assert record["level"] == "warning"
         assert record["matches"] is False
         assert record["mode"] == "engine_tokenizer"
-        assert runtime.rendering["mode"] == "engine_tokenizer"
+        assert runtime.events.rendering["mode"] == "engine_tokenizer"
         assert json.loads(runtime.ping().body)["prompt_rendering"]["mode"] == "engine_tokenizer"
         messages = [{"role": "system", "content": "You are MangaAssist."},
                     {"role": "user", "content": "  鬼滅の刃に似たマンガは？ 🙂 "}]
@@ -118,7 +118,7 @@ def test_a_matching_engine_keeps_the_fast_path_and_ping_says_verified(
         make_runtime: Any, demo_model_dir: Path) -> None:
     runtime, lines = make_runtime()
     assert json.loads(runtime.ping().body)["prompt_rendering"]["verified"] is False
-    runtime._check_chat_rendering(RenderingEngine(hf_renderer(demo_model_dir)))
+    runtime.events.check_chat_rendering(RenderingEngine(hf_renderer(demo_model_dir)))
     (record,) = events(lines, "chat_template_check")
     assert record["matches"] is True
     assert json.loads(runtime.ping().body)["prompt_rendering"] == {
@@ -128,7 +128,7 @@ def test_a_matching_engine_keeps_the_fast_path_and_ping_says_verified(
 
 def test_a_failing_check_is_reported_and_shown_as_unverified(make_runtime: Any) -> None:
     runtime, lines = make_runtime()
-    runtime._check_chat_rendering(RenderingEngine(error=RuntimeError("no chat template")))
+    runtime.events.check_chat_rendering(RenderingEngine(error=RuntimeError("no chat template")))
     (record,) = events(lines, "chat_template_check_failed")
     assert "no chat template" in record["error"]
     rendering = json.loads(runtime.ping().body)["prompt_rendering"]
@@ -138,7 +138,7 @@ def test_a_failing_check_is_reported_and_shown_as_unverified(make_runtime: Any) 
 
 def test_engines_without_rendering_are_not_checked(make_runtime: Any) -> None:
     runtime, lines = make_runtime()
-    runtime._check_chat_rendering(object())
+    runtime.events.check_chat_rendering(object())
     assert not events(lines, "chat_template_check")
 
 

@@ -47,7 +47,7 @@ def test_35_turn_conversation_keeps_instructions_drops_oldest_and_fits_exactly(
     assert marker in prompt.text
     assert prompt.text.index(marker) < prompt.text.index(PREFERENCE) < prompt.text.index(
         messages[history_kept[0]]["content"])
-    assert prepared.extension["context"]["truncation_notice"] == (
+    assert prepared.extension.context.truncation_notice == (
         f"以前の会話の一部（{plan.dropped_turns}件）は省略されています。")
 
     # Exactly inside the budget, counted with the served model's own tokenizer...
@@ -117,7 +117,7 @@ def test_breaker_open_shrinks_the_context(make_runtime: Any,
     assert tight.context_factor == 0.5
     assert tight.plan.history_budget_tokens == normal.plan.history_budget_tokens // 2
     assert tight.prompt.num_tokens < normal.prompt.num_tokens
-    assert tight.extension["breaker"] == "open"
+    assert tight.extension.breaker == "open"
     assert any('"to_state":"open"' in line for line in lines)  # the BreakerState event line
 
 

@@ -3,8 +3,6 @@ engine starts, SIGTERM draining, the KV capacity check and a crash loop turning 
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -21,12 +19,10 @@ from tests.containers.llm.harness import SERVE, GatewayProcess, free_port
 
 
 def load_serve() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("serve_script", str(SERVE))
-    spec = importlib.util.spec_from_loader("serve_script", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The module behind containers/llm/serve."""
+    import gateway.main
+
+    return gateway.main
 
 
 @pytest.mark.parametrize(

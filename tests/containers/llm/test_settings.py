@@ -8,9 +8,9 @@ from gateway.settings import (
     SETTING_SPECS,
     SettingsError,
     load_settings,
-    normalize_locale,
     settings_reference_markdown,
 )
+from serving_contract import normalize_locale
 from tests.containers.llm.harness import REPO_ROOT
 
 

@@ -11,7 +11,10 @@ from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
 
 
 def system_prompts(runtime: Any) -> set[str]:
-    return {body["messages"][0]["content"] for _, body in warmup_requests(runtime)
+    requests = warmup_requests(runtime.settings, served_names=runtime.router.served_names(),
+                               count=lambda text: runtime.tokenizer.count([text])[0],
+                               log=runtime.telemetry.log)
+    return {body["messages"][0]["content"] for _, body in requests
             if body["messages"][0]["role"] == "system"}
 
 
@@ -34,16 +37,16 @@ def test_warmup_that_never_succeeds_turns_ping_red_after_its_time_bound(
 ) -> None:
     import asyncio
 
-    import gateway.app
+    import gateway.lifecycle
 
     async def never(*args: Any, **kwargs: Any) -> bool:
         return False
 
-    monkeypatch.setattr(gateway.app, "run_warmup", never)
+    monkeypatch.setattr(gateway.lifecycle, "run_warmup", never)
     runtime, lines = make_runtime(GATEWAY_WARMUP_TIMEOUT_S="1")
 
     async def scenario() -> None:
-        await runtime._startup()
+        await runtime.lifecycle.startup(runtime.app)
         await runtime.supervisor.close()
 
     asyncio.run(scenario())

@@ -1,0 +1,218 @@
+"""The gateway process around the request path: engine start, warmup, gauges, /ping, shutdown.
+
+:class:`GatewayLifecycle` is the app's lifespan. On start it begins two background tasks and
+returns at once, so that /ping answers (``warming_up``) while the engine loads:
+
+* **startup** — the supervisor starts the engine (bounded retries; a refused configuration is
+  fatal at once), then warmup pushes representative requests through the app's own ASGI stack
+  (:mod:`gateway.warmup`) until they all succeed or ``GATEWAY_WARMUP_TIMEOUT_S`` passes;
+* **gauges** — every ``GATEWAY_METRICS_INTERVAL_S`` one line with the KV usage, running and
+  waiting requests, preemptions since the last line and the breaker state.
+
+/ping is computed from this state alone (:func:`gateway.health.ping_answer`). On SIGTERM the
+server stops accepting connections and ``draining`` turns /ping 503; once in-flight requests have
+finished (uvicorn's graceful shutdown) the lifespan stops the tasks and shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+from starlette.types import ASGIApp
+
+from gateway import __version__
+from gateway.admission import AdmissionController
+from gateway.breaker import CircuitBreaker
+from gateway.engine_events import EngineEvents
+from gateway.engines.base import SupportsAdapterStatus
+from gateway.health import CrashLoopDetector, EnginePhase, PingAnswer, ping_answer
+from gateway.settings import Settings
+from gateway.supervisor import EngineStartFailed, EngineSupervisor
+from gateway.telemetry import Telemetry
+from gateway.tokenizer import ChatTokenizer
+from gateway.warmup import WARMUP_HEADER, run_warmup, warmup_requests
+
+FatalCallback = Callable[[str, bool], None]
+"""Told once when the process should stop: the reason, and whether the settings caused it."""
+
+
+class GatewayLifecycle:
+    """Engine start and warmup, gauges, /ping and shutdown (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        supervisor: EngineSupervisor,
+        breaker: CircuitBreaker,
+        crash_loop: CrashLoopDetector,
+        admission: AdmissionController,
+        tokenizer: ChatTokenizer,
+        events: EngineEvents,
+        telemetry: Telemetry,
+        clock: Callable[[], float],
+        served_names: Sequence[str],
+        on_fatal: FatalCallback | None = None,
+    ) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        self.breaker = breaker
+        self.crash_loop = crash_loop
+        self.admission = admission
+        self.tokenizer = tokenizer
+        self.events = events
+        self.telemetry = telemetry
+        self.clock = clock
+        self.served_names = list(served_names)
+        self.on_fatal = on_fatal
+        self.warmup_token = secrets.token_hex(16)
+        """Marks the process's own warmup requests (logged, not counted in metrics)."""
+        self.warmed_up = False
+        self.warmup_progress = "not started"
+        self.draining = False
+        self.failure_reason: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_preemptions: tuple[int, int] = (-1, 0)
+
+    def fatal(self, reason: str, *, config_error: bool = False) -> None:
+        """Record why the gateway cannot serve (/ping turns red) and tell the process."""
+        self.failure_reason = reason
+        self.telemetry.log("fatal", level="error", reason=reason, config_error=config_error)
+        if self.on_fatal is not None:
+            self.on_fatal(reason, config_error)
+
+    # --- lifespan ---
+    def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: ASGIApp) -> AsyncIterator[None]:
+        """Start the engine and warmup in the background (/ping answers meanwhile)."""
+        self.telemetry.log("gateway_starting", version=__version__,
+                           engine=self.settings.gateway.engine,
+                           max_model_len=self.settings.engine.max_model_len,
+                           tokenizer_template=self.tokenizer.template_source,
+                           tokenizer_segmented=self.tokenizer.segmented,
+                           template_overhead=dict(self.tokenizer.overhead.per_message_tokens),
+                           test_mode=self.settings.gateway.test_mode)
+        self._spawn(self.startup(app), "gateway-startup")
+        self._spawn(self._gauges(), "gateway-gauges")
+        try:
+            yield
+        finally:
+            self.draining = True
+            for task in list(self._tasks):
+                task.cancel()
+            for task in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self.supervisor.close()
+            self.telemetry.log("gateway_stopped")
+
+    async def startup(self, app: ASGIApp) -> None:
+        """Start the engine, then warm up through ``app`` until it succeeds or times out."""
+        try:
+            await self.supervisor.start()
+        except EngineStartFailed as error:
+            self.fatal(str(error), config_error=error.config_error is not None)
+            return
+        if self.failure_reason is not None:
+            return
+        gateway = self.settings.gateway
+        requests = warmup_requests(self.settings, served_names=self.served_names,
+                                   count=lambda text: self.tokenizer.count([text])[0],
+                                   log=self.telemetry.log)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://warmup",
+                                     timeout=gateway.request_deadline_s) as client:
+            deadline = self.clock() + gateway.warmup_timeout_s
+            while not self.warmed_up and not self.draining:
+                ok = await run_warmup(client, requests,
+                                      headers={WARMUP_HEADER: self.warmup_token},
+                                      progress=self._set_warmup_progress,
+                                      log=self.telemetry.log)
+                if ok:
+                    self.warmed_up = True
+                    self.telemetry.log("warmup_complete", progress=self.warmup_progress)
+                    return
+                if self.supervisor.phase is EnginePhase.FAILED:
+                    return
+                if self.clock() >= deadline:
+                    self.fatal(
+                        f"warmup did not succeed within GATEWAY_WARMUP_TIMEOUT_S="
+                        f"{gateway.warmup_timeout_s:g} s (last: {self.warmup_progress}); see the "
+                        "warmup_failed log lines"
+                    )
+                    return
+                await asyncio.sleep(0.5)
+
+    def _set_warmup_progress(self, text: str) -> None:
+        self.warmup_progress = text
+
+    # --- gauges ---
+    async def _gauges(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gateway.metrics_interval_s)
+            self.emit_gauges()
+
+    def emit_gauges(self) -> None:
+        """Write one gauge line (KV usage, running/waiting, preemptions, breaker state)."""
+        engine = self.supervisor.engine
+        usage, running, waiting, preempted_total = 0.0, 0, 0, 0
+        generation = self.supervisor.generation
+        if engine is not None and self.supervisor.phase is EnginePhase.READY:
+            with contextlib.suppress(Exception):
+                stats = engine.stats()
+                usage, running = stats.kv_cache_usage, stats.num_running
+                waiting, preempted_total = stats.num_waiting, stats.num_preemptions_total
+        last_generation, last_total = self._last_preemptions
+        delta = preempted_total - last_total if last_generation == generation else preempted_total
+        self._last_preemptions = (generation, preempted_total)
+        now = self.clock()
+        self.telemetry.gauges(
+            kv_cache_usage=usage, running=running, waiting=waiting + self.admission.waiting,
+            preemptions=max(0, delta), breaker_value=self.breaker.state(now).metric_value,
+            kv_reserved_share=round(self.admission.ledger.reserved_share, 4),
+            engine_phase=self.supervisor.phase.value, engine_generation=generation,
+            token_cache_tokens=self.tokenizer.cache.cached_tokens,
+            token_cache_entries=len(self.tokenizer.cache),
+        )
+
+    # --- /ping ---
+    def adapter_status(self) -> dict[str, str]:
+        """Each served adapter's state: what the engine reports, else "configured"."""
+        status = dict.fromkeys(self.settings.adapter_names(), "configured")
+        engine = self.supervisor.engine
+        if isinstance(engine, SupportsAdapterStatus):
+            status.update(engine.adapter_status())
+        return status
+
+    def ping(self) -> tuple[PingAnswer, dict[str, Any]]:
+        """The /ping answer and body, from state only (never waits on the engine)."""
+        now = self.clock()
+        phase = EnginePhase.FAILED if self.failure_reason else self.supervisor.phase
+        answer = ping_answer(
+            phase=phase, warmed_up=self.warmed_up, draining=self.draining,
+            crash_loop=self.crash_loop.is_crash_loop(now),
+            deaths_in_window=self.crash_loop.deaths_in_window(now),
+            crash_loop_window_s=self.crash_loop.window_s,
+            recovering_since=self.supervisor.recovering_since, now=now,
+            recovery_grace_s=self.settings.gateway.recovery_grace_s,
+            failure_reason=self.failure_reason or self.supervisor.failure_reason,
+            warmup_progress=self.warmup_progress,
+            last_start_error=self.supervisor.last_start_error,
+        )
+        body = {"status": answer.status, "reason": answer.reason, "engine": phase.value,
+                "breaker": self.breaker.state(now).value,
+                "engine_generation": self.supervisor.generation,
+                "engine_restarts": self.supervisor.restarts, "warmup": self.warmup_progress,
+                "adapters": self.adapter_status(), "prompt_rendering": self.events.rendering}
+        return answer, body
