@@ -19,10 +19,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from gateway.settings import LOCALE_PATTERN
 from intents import INTENT_LABELS, require_intent
 
-EXTENSION_FIELD = "mangaassist"
-"""Name of the extension namespace in requests and responses."""
-ROLES = ("system", "developer", "user", "assistant")
-
 
 def _valid_unicode(value: str) -> str:
     try:
