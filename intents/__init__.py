@@ -20,11 +20,6 @@ INTENT_LABELS: tuple[str, ...] = (
 """Classifier output order. Appending is safe; reordering invalidates every compiled model."""
 
 
-def label_to_id() -> dict[str, int]:
-    """Map each intent to its index in the classifier head."""
-    return {label: index for index, label in enumerate(INTENT_LABELS)}
-
-
 def require_intent(value: str, *, field: str = "intent") -> str:
     """Return ``value`` if it is a known intent, else raise ValueError naming the field."""
     if value not in INTENT_LABELS:

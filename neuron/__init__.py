@@ -13,7 +13,7 @@ transformers or, at import time, torch or the Neuron SDK:
 - :mod:`neuron.samples`    the manga queries used for parity, latency and server warmup.
 - :mod:`neuron.tokenization`  fixed-shape (batch × 128) tokenization, shared with the server.
 - :mod:`neuron.runtime`    importing torch_neuron / torch_neuronx; finding /dev/neuron* devices.
-- :mod:`neuron.cost`       the seed's g4dn-vs-inf1 cost comparison from hourly prices.
+- :mod:`neuron.cost`       the g4dn-vs-inf1 cost comparison from hourly prices.
 - :mod:`neuron.tracing`    the only module that touches torch / torch-neuron / torch-neuronx.
 - :mod:`neuron.random_model`  a random DistilBERT + WordPiece tokenizer (tests, benchmarks).
 

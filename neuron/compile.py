@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -204,7 +205,45 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         require_neuron_device(target)
 
     progress.next(f"loading {args.model_dir}")
-    import torch
+    hf_tokenizer, hf_model, pad_id = _load_model(args)
+    artifact_dir = _fresh_artifact_dir(args, hf_tokenizer)
+    samples = _reference_samples(args, hf_tokenizer, hf_model, artifact_dir, pad_id, progress)
+
+    compiled = _Compiled()
+    for batch_size in batch_sizes:
+        progress.next(f"tracing batch {batch_size} × {args.seq_length} with "
+                      f"{prof.compiler_name}")
+        traced = trace_for_target(target, samples.module, samples.example(batch_size), sdk=sdk,
+                                  pipeline_cores=args.pipeline_cores,
+                                  compiler_args=args.compiler_arg)
+        file_name = compiled.save(batch_size, traced, artifact_dir)
+        if not device_checks:
+            progress.say(f"  saved {file_name} (no parity/latency: --skip-device-checks)")
+            continue
+        compiled.check(batch_size, artifact_dir / file_name, samples, args, bound, progress)
+
+    parity = worst_of(compiled.parity_reports) if compiled.parity_reports else None
+    progress.next("writing labels.json and manifest.json")
+    _write_manifests(args, target, batch_sizes, int(pad_id), artifact_dir, compiled, parity)
+    if compiled.latency:
+        progress.say("  latency of the compiled model:\n" + format_latency_table(
+            [compiled.latency[b] for b in sorted(compiled.latency)]))
+
+    if parity is not None and not parity.passed:
+        progress.say(f"error: parity failed for {target.value}: {parity.describe()}; "
+                     f"nothing packaged (see {artifact_dir / MANIFEST_FILE})")
+        return EXIT_PARITY
+
+    progress.next(f"packaging {args.out / TAR_NAME}")
+    digest = build_model_tar(artifact_dir, args.out / TAR_NAME)
+    progress.say(f"  {tar_bytes_summary(args.out / TAR_NAME)}, sha256 {digest}")
+    progress.say(f"done: {target.value} artifact in {artifact_dir}")
+    return EXIT_OK
+
+
+def _load_model(args: argparse.Namespace) -> tuple[Any, Any, int]:
+    """The tokenizer and the eager float32 classifier, checked: head labels in the router's
+    order, --seq-length within the model's positions, a pad token."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     hf_tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
@@ -219,7 +258,11 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     pad_id = hf_tokenizer.pad_token_id
     if pad_id is None:
         raise UsageError(f"{args.model_dir}: the tokenizer has no pad token")
+    return hf_tokenizer, hf_model, pad_id
 
+
+def _fresh_artifact_dir(args: argparse.Namespace, hf_tokenizer: Any) -> Path:
+    """OUT/model emptied (and OUT/model.tar.gz removed), holding the fast tokenizer."""
     artifact_dir = args.out / ARTIFACT_SUBDIR
     if artifact_dir.exists():
         shutil.rmtree(artifact_dir)
@@ -229,6 +272,31 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     if not (artifact_dir / TOKENIZER_FILE).is_file():
         raise UsageError(f"{args.model_dir}: the tokenizer has no fast (tokenizers) form; the "
                          f"server needs {TOKENIZER_FILE}")
+    return artifact_dir
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """The parity queries as the server encodes them, and the eager model's logits for them."""
+
+    texts: Sequence[str]
+    input_ids: Any
+    attention_mask: Any
+    module: Any
+    """The eager model as a (input_ids, attention_mask) -> logits module: what gets traced."""
+    eager_logits: list[list[float]]
+
+    def example(self, batch_size: int) -> tuple[Any, Any]:
+        """The first ``batch_size`` samples (padded by repeating the first), as tracing input."""
+        rows = _chunks(len(self.texts), batch_size)[0]
+        return self.input_ids[rows], self.attention_mask[rows]
+
+
+def _reference_samples(args: argparse.Namespace, hf_tokenizer: Any, hf_model: Any,
+                       artifact_dir: Path, pad_id: int, progress: Progress) -> _Samples:
+    """Tokenize the samples with the tokenizer the server loads (it must agree with the model
+    directory's) and compute the eager reference logits."""
+    import torch
 
     texts = parity_texts()
     progress.next(f"tokenizing {len(texts)} sample queries at {args.seq_length} tokens "
@@ -249,53 +317,66 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         eager_logits = _rows(module(input_ids, attention_mask))
     progress.say(f"  {sum(batch.truncated)} of {len(texts)} samples truncated to "
                  f"{args.seq_length} tokens")
+    return _Samples(texts=texts, input_ids=input_ids, attention_mask=attention_mask,
+                    module=module, eager_logits=eager_logits)
 
-    parity_reports: list[ParityReport] = []
-    latency: dict[int, LatencyStats] = {}
-    model_files: dict[int, str] = {}
-    for batch_size in batch_sizes:
-        progress.next(f"tracing batch {batch_size} × {args.seq_length} with "
-                      f"{prof.compiler_name}")
-        example_rows = _chunks(len(texts), batch_size)[0]
-        example = (input_ids[example_rows], attention_mask[example_rows])
-        traced = trace_for_target(target, module, example, sdk=sdk,
-                                  pipeline_cores=args.pipeline_cores,
-                                  compiler_args=args.compiler_arg)
+
+@dataclass
+class _Compiled:
+    """The TorchScript file per batch size, and its parity and latency once checked."""
+
+    model_files: dict[int, str] = field(default_factory=dict)
+    parity_reports: list[ParityReport] = field(default_factory=list)
+    latency: dict[int, LatencyStats] = field(default_factory=dict)
+
+    def save(self, batch_size: int, traced: Any, artifact_dir: Path) -> str:
+        """Save one traced model; returns its file name."""
+        import torch
+
         file_name = model_file_name(batch_size)
         torch.jit.save(traced, str(artifact_dir / file_name))
-        model_files[batch_size] = file_name
-        if not device_checks:
-            progress.say(f"  saved {file_name} (no parity/latency: --skip-device-checks)")
-            continue
-        loaded = torch.jit.load(str(artifact_dir / file_name))
-        compiled_rows: list[list[float]] = [[] for _ in texts]
+        self.model_files[batch_size] = file_name
+        return file_name
+
+    def check(self, batch_size: int, path: Path, samples: _Samples, args: argparse.Namespace,
+              bound: float, progress: Progress) -> None:
+        """Reload the saved file (what the server will load), compare its logits with the eager
+        ones on every sample, and measure its latency."""
+        import torch
+
+        loaded = torch.jit.load(str(path))
+        compiled_rows: list[list[float]] = [[] for _ in samples.texts]
         with torch.no_grad():
-            for group in _chunks(len(texts), batch_size):
-                logits = _rows(loaded(input_ids[group], attention_mask[group]))
+            for group in _chunks(len(samples.texts), batch_size):
+                logits = _rows(loaded(samples.input_ids[group], samples.attention_mask[group]))
                 for row_index, text_index in enumerate(group):
                     if not compiled_rows[text_index]:
                         compiled_rows[text_index] = logits[row_index]
-        report = compare_logits(eager_logits, compiled_rows, bound=bound)
-        parity_reports.append(report)
-        progress.say(f"  parity (saved and reloaded {file_name}): {report.describe()}")
-        latency[batch_size] = measure_latency(
-            loaded, input_ids[example_rows], attention_mask[example_rows],
-            batch_size=batch_size, warmup=args.latency_warmup,
-            iterations=args.latency_iterations, progress=progress)
+        report = compare_logits(samples.eager_logits, compiled_rows, bound=bound)
+        self.parity_reports.append(report)
+        progress.say(f"  parity (saved and reloaded {path.name}): {report.describe()}")
+        example_ids, example_mask = samples.example(batch_size)
+        self.latency[batch_size] = measure_latency(
+            loaded, example_ids, example_mask, batch_size=batch_size,
+            warmup=args.latency_warmup, iterations=args.latency_iterations, progress=progress)
 
-    parity = worst_of(parity_reports) if parity_reports else None
-    progress.next("writing labels.json and manifest.json")
+
+def _write_manifests(args: argparse.Namespace, target: CompileTarget,
+                     batch_sizes: tuple[int, ...], pad_id: int, artifact_dir: Path,
+                     compiled: _Compiled, parity: ParityReport | None) -> None:
+    """labels.json, manifest.json (what was compiled and how it measured) and
+    artifact-manifest.json (size and SHA-256 of every file)."""
     (artifact_dir / LABELS_FILE).write_text(json.dumps(list(INTENT_LABELS)) + "\n",
                                             encoding="utf-8")
     versions = installed_versions(target)
     versions["python"] = platform.python_version()
-    notes = [] if device_checks else [
+    notes = [] if not args.skip_device_checks else [
         "compiled with --skip-device-checks: parity and latency were not measured"]
     manifest = ArtifactManifest(
         target=target, labels=tuple(INTENT_LABELS), max_seq_length=args.seq_length,
-        batch_sizes=batch_sizes, model_files=model_files, pad_token_id=int(pad_id),
-        pipeline_cores=args.pipeline_cores, compiler=prof.compiler_name, versions=versions,
-        parity=parity, latency=latency,
+        batch_sizes=batch_sizes, model_files=compiled.model_files, pad_token_id=pad_id,
+        pipeline_cores=args.pipeline_cores, compiler=profile(target).compiler_name,
+        versions=versions, parity=parity, latency=compiled.latency,
         files_sha256=files_digest_map(artifact_dir, sorted(
             p.name for p in artifact_dir.iterdir()
             if p.name not in (MANIFEST_FILE, ARTIFACT_MANIFEST_FILE))),
@@ -307,20 +388,6 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     (artifact_dir / ARTIFACT_MANIFEST_FILE).write_text(
         describe_files(artifact_dir, list_artifact_files(artifact_dir)).to_json(),
         encoding="utf-8")
-    if latency:
-        progress.say("  latency of the compiled model:\n" + format_latency_table(
-            [latency[b] for b in sorted(latency)]))
-
-    if parity is not None and not parity.passed:
-        progress.say(f"error: parity failed for {target.value}: {parity.describe()}; "
-                     f"nothing packaged (see {artifact_dir / MANIFEST_FILE})")
-        return EXIT_PARITY
-
-    progress.next(f"packaging {args.out / TAR_NAME}")
-    digest = build_model_tar(artifact_dir, args.out / TAR_NAME)
-    progress.say(f"  {tar_bytes_summary(args.out / TAR_NAME)}, sha256 {digest}")
-    progress.say(f"done: {target.value} artifact in {artifact_dir}")
-    return EXIT_OK
 
 
 def measure_latency(model: Any, input_ids: Any, attention_mask: Any, *, batch_size: int,

@@ -1,11 +1,12 @@
-"""The seed's cost comparison for the intent classifier: g4dn (GPU) against inf1 (Inferentia).
+"""The cost comparison for the intent classifier: g4dn (GPU) against inf1 (Inferentia).
 
-Seed 001, user story 4: the DistilBERT classifier ran on 4 × ml.g4dn.xlarge and moved to
-2 × ml.inf1.xlarge. The comparison is a plain function of hourly prices and instance counts, so
-it is recomputed from the platform's instance catalog (``gpu_budget.instance_type(name)
-.on_demand_usd_per_hour``, approximate ap-northeast-1 on-demand prices) instead of the seed's
+The DistilBERT classifier ran on 4 × ml.g4dn.xlarge and moved to 2 × ml.inf1.xlarge
+(docs/design-decisions.md#intent-on-inferentia; the ``SEED_*`` constants are that story's
+figures). The comparison is a plain function of hourly prices and instance counts, so it is
+recomputed from the platform's instance catalog (``gpu_budget.instance_type(name)
+.on_demand_usd_per_hour``, approximate ap-northeast-1 on-demand prices) instead of the story's
 typed-in ones. ``python -m neuron.cost`` prints it; ``--gpu-price`` / ``--inferentia-price``
-override the catalog (the seed's own figures: 0.736 and 0.228, with ``--hours-per-month 720``).
+override the catalog (the story's own figures: 0.736 and 0.228, with ``--hours-per-month 720``).
 
 Pure module, Python 3.10-compatible.
 """
@@ -23,7 +24,7 @@ HOURS_PER_MONTH = 730.0
 """AWS's monthly convention (8,760 h / 12), the same as gpu_budget's catalog."""
 
 SEED_HOURS_PER_MONTH = 720.0
-"""30 days × 24 h: the month the seed's "$1,790/month" uses (2.488 $/h × 720 h ≈ $1,791)."""
+"""30 days × 24 h: the month the story's "$1,790/month" uses (2.488 $/h × 720 h ≈ $1,791)."""
 
 SEED_GPU_INSTANCE = "ml.g4dn.xlarge"
 SEED_GPU_COUNT = 4
@@ -77,11 +78,11 @@ class InferentiaSaving:
 
     @property
     def per_instance_price_ratio(self) -> float:
-        """Inferentia instance price ÷ GPU instance price (seed: "70 % less" ⇔ ≈ 0.3)."""
+        """Inferentia instance price ÷ GPU instance price (the story: "70 % less" ⇔ ≈ 0.3)."""
         return self.after.price_per_hour_usd / self.before.price_per_hour_usd
 
     def report(self) -> str:
-        """The comparison as the seed wrote it, recomputed."""
+        """The comparison as the story wrote it, recomputed."""
         return "\n".join([
             f"Before: {self.before.instance_type} ${self.before.price_per_hour_usd:.3f}/h "
             f"× {self.before.count} = ${self.before.per_hour_usd:.3f}/h",
@@ -99,7 +100,7 @@ def compare_fleets(*, gpu_price_per_hour_usd: float, inferentia_price_per_hour_u
                    inferentia_instance: str = SEED_INFERENTIA_INSTANCE,
                    inferentia_count: int = SEED_INFERENTIA_COUNT,
                    hours_per_month: float = HOURS_PER_MONTH) -> InferentiaSaving:
-    """The seed's comparison for the given hourly prices (fleet sizes default to the seed's)."""
+    """The comparison for the given hourly prices (fleet sizes default to the story's)."""
     if not (math.isfinite(hours_per_month) and hours_per_month > 0):
         raise ValueError(f"hours_per_month: {hours_per_month!r} must be a positive number")
     return InferentiaSaving(

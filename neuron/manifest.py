@@ -154,16 +154,48 @@ def manifest_from_dict(data: Mapping[str, Any]) -> ArtifactManifest:
         target = parse_target(_require(data, "target", str), field="manifest.target")
     except ValueError as error:
         raise ManifestError(str(error)) from None
+    labels = _read_labels(data)
+    max_seq_length = _positive_int(_require(data, "max_seq_length", int),
+                                   "manifest.max_seq_length")
+    batch_sizes = _read_batch_sizes(data)
+    input_names = tuple(_require(data, "input_names", list))
+    if input_names != INPUT_NAMES:
+        raise ManifestError(f"manifest.input_names: {list(input_names)} is not supported; "
+                            f"expected {list(INPUT_NAMES)}")
+    model_files = _read_model_files(data, batch_sizes)
+    pad_token_id = _require(data, "pad_token_id", int)
+    if pad_token_id < 0:
+        raise ManifestError(f"manifest.pad_token_id: {pad_token_id!r} must be >= 0")
+    pipeline_cores = _positive_int(_require(data, "pipeline_cores", int),
+                                   "manifest.pipeline_cores")
+    versions_raw = _require(data, "versions", dict)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in versions_raw.items()):
+        raise ManifestError("manifest.versions: expected an object of strings")
+    parity, latency = _read_measurements(data, batch_sizes)
+    files_sha256 = _read_digests(data, model_files)
+    notes = _require(data, "notes", list) if "notes" in data else []
+    return ArtifactManifest(
+        target=target, labels=labels, max_seq_length=max_seq_length,
+        batch_sizes=batch_sizes, model_files=model_files, pad_token_id=pad_token_id,
+        pipeline_cores=pipeline_cores, compiler=_require(data, "compiler", str),
+        versions=dict(versions_raw), parity=parity, latency=latency,
+        files_sha256=files_sha256, source_model=_require(data, "source_model", str),
+        created_unix_s=_require(data, "created_unix_s", int), format_version=version,
+        input_names=input_names, notes=tuple(str(n) for n in notes),
+    )
 
+
+def _read_labels(data: Mapping[str, Any]) -> tuple[str, ...]:
     labels_raw = _require(data, "labels", list)
     if not labels_raw or not all(isinstance(x, str) and x for x in labels_raw):
         raise ManifestError(f"manifest.labels: expected a non-empty list of names, got "
                             f"{labels_raw!r}")
     if len(set(labels_raw)) != len(labels_raw):
         raise ManifestError(f"manifest.labels: duplicate label in {labels_raw!r}")
+    return tuple(labels_raw)
 
-    max_seq_length = _positive_int(_require(data, "max_seq_length", int),
-                                   "manifest.max_seq_length")
+
+def _read_batch_sizes(data: Mapping[str, Any]) -> tuple[int, ...]:
     sizes_raw = _require(data, "batch_sizes", list)
     if not sizes_raw:
         raise ManifestError("manifest.batch_sizes: empty; at least one compiled batch size")
@@ -171,29 +203,23 @@ def manifest_from_dict(data: Mapping[str, Any]) -> ArtifactManifest:
     if list(batch_sizes) != sorted(set(batch_sizes)):
         raise ManifestError(f"manifest.batch_sizes: {list(batch_sizes)} must be ascending "
                             "without repeats")
+    return batch_sizes
 
-    input_names = tuple(_require(data, "input_names", list))
-    if input_names != INPUT_NAMES:
-        raise ManifestError(f"manifest.input_names: {list(input_names)} is not supported; "
-                            f"expected {list(INPUT_NAMES)}")
 
+def _read_model_files(data: Mapping[str, Any], batch_sizes: Sequence[int]) -> dict[int, str]:
+    """One TorchScript file per compiled batch size, no more, no fewer."""
     files_raw = _require(data, "model_files", dict)
     model_files = {_batch_key(k, "manifest.model_files"):
                    _file_name(v, f"manifest.model_files[{k!r}]") for k, v in files_raw.items()}
     if sorted(model_files) != list(batch_sizes):
         raise ManifestError(f"manifest.model_files: has batch sizes {sorted(model_files)}, "
                             f"batch_sizes says {list(batch_sizes)}")
+    return model_files
 
-    pad_token_id = _require(data, "pad_token_id", int)
-    if pad_token_id < 0:
-        raise ManifestError(f"manifest.pad_token_id: {pad_token_id!r} must be >= 0")
-    pipeline_cores = _positive_int(_require(data, "pipeline_cores", int),
-                                   "manifest.pipeline_cores")
 
-    versions_raw = _require(data, "versions", dict)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in versions_raw.items()):
-        raise ManifestError("manifest.versions: expected an object of strings")
-
+def _read_measurements(data: Mapping[str, Any], batch_sizes: Sequence[int]
+                       ) -> tuple[ParityReport | None, dict[int, LatencyStats]]:
+    """Parity (absent with --skip-device-checks) and latency per compiled batch size."""
     parity_raw = data.get("parity")
     try:
         parity = None if parity_raw is None else ParityReport.from_dict(
@@ -208,10 +234,13 @@ def manifest_from_dict(data: Mapping[str, Any]) -> ArtifactManifest:
     unknown = sorted(set(latency) - set(batch_sizes))
     if unknown:
         raise ManifestError(f"manifest.latency: batch sizes {unknown} were not compiled")
+    return parity, latency
 
-    sha_raw = _require(data, "files_sha256", dict)
+
+def _read_digests(data: Mapping[str, Any], model_files: Mapping[int, str]) -> dict[str, str]:
+    """A lowercase hex SHA-256 per packed file; every model file must have one."""
     files_sha256: dict[str, str] = {}
-    for name, digest in sha_raw.items():
+    for name, digest in _require(data, "files_sha256", dict).items():
         _file_name(name, "manifest.files_sha256")
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise ManifestError(f"manifest.files_sha256[{name!r}]: {digest!r} is not a "
@@ -220,17 +249,7 @@ def manifest_from_dict(data: Mapping[str, Any]) -> ArtifactManifest:
     missing = sorted(set(model_files.values()) - set(files_sha256))
     if missing:
         raise ManifestError(f"manifest.files_sha256: no digest for {missing}")
-
-    notes = _require(data, "notes", list) if "notes" in data else []
-    return ArtifactManifest(
-        target=target, labels=tuple(labels_raw), max_seq_length=max_seq_length,
-        batch_sizes=batch_sizes, model_files=model_files, pad_token_id=pad_token_id,
-        pipeline_cores=pipeline_cores, compiler=_require(data, "compiler", str),
-        versions=dict(versions_raw), parity=parity, latency=latency,
-        files_sha256=files_sha256, source_model=_require(data, "source_model", str),
-        created_unix_s=_require(data, "created_unix_s", int), format_version=version,
-        input_names=input_names, notes=tuple(str(n) for n in notes),
-    )
+    return files_sha256
 
 
 def manifest_from_json(text: str) -> ArtifactManifest:

@@ -5,8 +5,9 @@ is called exactly as its documentation describes:
 
 - cpu:  ``torch.jit.trace(module, example_inputs)``
 - inf1: ``torch_neuron.trace(module, example_inputs=..., compiler_args=[...])``; NeuronCore
-  Pipeline is the neuron-cc flag ``--neuroncore-pipeline-cores N`` (the seed's
-  ``--neuron-core-pipeline-cores`` is not a neuron-cc flag).
+  Pipeline is the neuron-cc flag ``--neuroncore-pipeline-cores N`` (the requirements'
+  ``--neuron-core-pipeline-cores`` is not a neuron-cc flag:
+  docs/design-decisions.md#intent-on-inferentia).
 - inf2: ``torch_neuronx.trace(module, example_inputs, compiler_args=[...])``.
 
 All three return TorchScript, saved with ``torch.jit.save`` and loaded with ``torch.jit.load``

@@ -1,7 +1,7 @@
 """AWQ INT4 quantization of the served base model, calibrated on manga-domain chat, with a gate.
 
-A job, not a service (ARCHITECTURE §8; docs/quantization.md). Its pure parts — the system
-prompt (:mod:`quantization.system_prompt`), calibration formatting
+A job, not a service (docs/design-decisions.md#quantization-job; docs/quantization.md). Its
+pure parts — the system prompt (:mod:`quantization.system_prompt`), calibration formatting
 (:mod:`quantization.calibration`), response scoring and hallucination detection
 (:mod:`quantization.scoring`), the gate decision and its reports (:mod:`quantization.gate`) and
 checkpoint sizes (:mod:`quantization.checkpoint`) — import neither torch nor any ML library and

@@ -25,7 +25,8 @@ Backends (same interface, :class:`AwqBackend`):
   4.51); kept for comparison. Output ``quant_method: awq`` (GEMM packing), which vLLM also loads.
 
 Group size 128 is the default (what vLLM's kernels and most published AWQ checkpoints use);
-64 keeps more precision for ≈1.5 % more weight bytes — the option seed 001 used for Japanese.
+64 keeps more precision for ≈1.5 % more weight bytes — the option the requirements used for
+Japanese (docs/design-decisions.md#calibration-set).
 
 Torch and the backends are imported inside the functions that need them: this module imports in
 any environment, and runs in the quantization one (``.venv-quant`` / ``containers/quantize``).

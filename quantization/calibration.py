@@ -5,7 +5,8 @@ the calibration texts must look exactly like production traffic: the gateway's s
 the customer's question and a good answer, rendered by the served model's own chat template
 (Llama-3-Instruct's header tokens, BOS once), tokenized by the served model's own tokenizer.
 Generic web text or a hand-written ``<|system|>`` template calibrates for a different input
-distribution — the mistake that cost Japanese quality in seed 001, story 8.
+distribution — the mistake that cost 0.7 points on Japanese
+(docs/design-decisions.md#calibration-set).
 
 The tokenizer is injected (:class:`ChatTokenizer`): :mod:`quantization.chat_tokenizer` adapts a
 Hugging Face tokenizer loaded from the model directory; tests may pass any implementation.
@@ -179,7 +180,8 @@ def is_long_answer(record: MangaQARecord) -> bool:
 
 @dataclass(frozen=True)
 class DatasetCoverage:
-    """What a Q&A dataset covers: the properties seed 001 asks calibration data to have."""
+    """What a Q&A dataset covers: the properties calibration data must have
+    (docs/design-decisions.md#calibration-set)."""
 
     total: int
     by_language: dict[str, int]

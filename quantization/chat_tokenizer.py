@@ -2,7 +2,8 @@
 
 Adapts a Hugging Face tokenizer to :class:`quantization.calibration.ChatTokenizer`. Never
 tiktoken or a hand-written template: Llama-3's vocabulary and header tokens are what the served
-model sees (FACTS.md, Tokenizers). Loads from local files only — nothing is downloaded.
+model sees (docs/design-decisions.md#served-tokenizer). Loads from local files only — nothing is
+downloaded.
 """
 
 from __future__ import annotations

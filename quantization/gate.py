@@ -1,6 +1,7 @@
 """The quality gate: does the quantized model keep the baseline's quality at ≥ 60 % less memory?
 
-Seed 001 (story 8) acceptance criteria, checked on the quantized model against the baseline:
+The acceptance criteria (docs/design-decisions.md#awq-quality-gate), checked on the quantized
+model against the baseline:
 
 - score ≥ 4.0 / 5.0 overall, on Japanese prompts and on English prompts (each on its own);
 - regression ≤ 2 % against the baseline, overall and per language
@@ -30,7 +31,7 @@ RESPONSE_EXCERPT_CHARS = 240
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """The acceptance thresholds (seed 001 defaults)."""
+    """The acceptance thresholds (docs/design-decisions.md#awq-quality-gate)."""
 
     min_score: float = 4.0
     max_regression: float = 0.02

@@ -1,4 +1,6 @@
-"""Scoring one model answer the way seed 001 (story 8) scores it, and catching invented titles.
+"""Scoring one model answer, and catching invented titles.
+
+The score is the requirements' (docs/design-decisions.md#answer-scoring).
 
 Score of one answer, on the 0–5 scale::
 
@@ -34,7 +36,8 @@ from quantization.calibration import DatasetError, Language, parse_jsonl_objects
 
 MAX_SCORE = 5.0
 HALLUCINATION_PENALTY = 0.25
-"""Subtracted from the 0–1 fraction for every hallucinated title (seed 001)."""
+"""Subtracted from the 0–1 fraction for every hallucinated title
+(docs/design-decisions.md#answer-scoring)."""
 
 MentionKind = Literal["brackets", "quotes", "list-emphasis", "gloss"]
 

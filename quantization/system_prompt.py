@@ -1,10 +1,11 @@
 """The system prompt MangaAssist sends with every chat: the one place it is written down.
 
-Calibration must see activations for the exact prompt the served model receives (seed 001,
-story 8: generic calibration text cost 0.7 points on Japanese), so the calibration builder and
-the quality gate use this constant, and the LLM gateway should import it rather than keep a copy
-(``from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT``). Changing it changes what
-the quantized model was calibrated and gated on: re-run the quantization job after an edit.
+Calibration must see activations for the exact prompt the served model receives (generic
+calibration text cost 0.7 points on Japanese: docs/design-decisions.md#calibration-set), so the
+calibration builder and the quality gate use this constant, and the LLM gateway should import it
+rather than keep a copy (``from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT``).
+Changing it changes what the quantized model was calibrated and gated on: re-run the quantization
+job after an edit.
 
 Titles are asked for in 『』 (Japanese) or "double quotes" (English) because the storefront links
 them to product pages, and because that makes every title the model names checkable against the

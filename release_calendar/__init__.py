@@ -54,9 +54,14 @@ from release_calendar.model import (
 )
 from release_calendar.parse import calendar_json, parse_calendar
 from release_calendar.reconcile import (
+    CalendarRun,
     ExistingScheduledAction,
     ReconcilePlan,
+    TargetOutcome,
+    issue_record,
+    plan_calendar_run,
     plan_reconciliation,
+    run_report,
 )
 
 __all__ = [
@@ -71,6 +76,7 @@ __all__ = [
     "ActionRole",
     "CalendarError",
     "CalendarIssue",
+    "CalendarRun",
     "CapacityModel",
     "CapacityRange",
     "DailyFloor",
@@ -87,6 +93,7 @@ __all__ = [
     "ScheduledCapacity",
     "SeasonalRelease",
     "Severity",
+    "TargetOutcome",
     "Weekday",
     "annual_cron",
     "at_expression",
@@ -96,10 +103,13 @@ __all__ = [
     "capacity_models_to_json",
     "dated_event_id",
     "event_capacity",
+    "issue_record",
     "parse_calendar",
     "parse_schedule",
+    "plan_calendar_run",
     "plan_dated_schedule",
     "plan_reconciliation",
     "plan_static_schedule",
+    "run_report",
     "weekly_cron",
 ]

@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import calendar as gregorian
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 from release_calendar.actions import (
+    ANNUAL_PREFIX,
+    FLOOR_PREFIX,
     MAX_ACTIONS_PER_TARGET,
+    WEEKLY_PREFIX,
     ActionRole,
     ScheduledCapacity,
     annual_action_name,
@@ -48,7 +52,6 @@ from release_calendar.cron import annual_cron, at_expression, weekly_cron
 from release_calendar.model import (
     CalendarError,
     CalendarIssue,
-    DatedRelease,
     EventKind,
     RecurringRelease,
     ReleaseCalendar,
@@ -60,6 +63,7 @@ from release_calendar.model import (
 from release_calendar.parse import parse_calendar
 from release_calendar.timeline import (
     LAYER_FLOOR,
+    LAYERS,
     Firing,
     Window,
     dated_window,
@@ -226,6 +230,17 @@ class _TargetResult:
     event_errors: list[CalendarIssue] = field(default_factory=list)
     other_issues: list[CalendarIssue] = field(default_factory=list)
 
+    def file(self, issues: Iterable[CalendarIssue]) -> None:
+        """Errors leave their event out of the next pass; everything else is only reported."""
+        for issue in issues:
+            (self.event_errors if issue.severity is Severity.ERROR
+             else self.other_issues).append(issue)
+
+    def refuse(self, blame: _Blame) -> bool:
+        """Record the errors of one check; True when there are any (the pass stops there)."""
+        self.event_errors.extend(blame.errors)
+        return bool(blame.errors)
+
 
 def _fixpoint(build: Callable[[str, frozenset[str]], _TargetResult],
               models: Mapping[str, CapacityModel]) -> SchedulePlan:
@@ -274,10 +289,74 @@ class _Blame:
         return list(self.by_event.values())
 
 
+_Event = TypeVar("_Event", bound=ReleaseEvent)
+
+
+def _ranged_events(events: Iterable[_Event], target: str, model: CapacityModel,
+                  skipped: frozenset[str], result: _TargetResult
+                  ) -> list[tuple[_Event, CapacityRange]]:
+    """The capacity loop both plans start with: each event on ``target`` that was not skipped,
+    with the range its pre-scale sets; events whose range has an error are dropped, and every
+    issue :func:`event_capacity` found is filed in ``result``."""
+    ranged: list[tuple[_Event, CapacityRange]] = []
+    for event in events:
+        if target not in event.targets or event.event_id in skipped:
+            continue
+        capacity, issues = event_capacity(event, target, model)
+        result.file(issues)
+        if capacity is not None:
+            ranged.append((event, capacity))
+    return ranged
+
+
+def _window_edges(window: Window) -> tuple[tuple[ActionRole, dt.datetime], ...]:
+    """The emit step's two moments of a window: the pre-scale at its start, the restore at its
+    end (in that order, which is the order actions are emitted in)."""
+    return ((ActionRole.PRESCALE, window.start), (ActionRole.RESTORE, window.end))
+
+
+def _scheduled_action(model: CapacityModel, target: str, *, name: str, schedule: str,
+                     capacity: CapacityRange, role: ActionRole,
+                     event_id: str | None) -> ScheduledCapacity:
+    """One action on ``target`` setting ``capacity``, in the target's schedule time zone."""
+    return ScheduledCapacity(name=name, schedule=schedule, timezone=model.timezone,
+                             min_capacity=capacity.min_capacity,
+                             max_capacity=capacity.max_capacity, target=target, role=role,
+                             event_id=event_id)
+
+
+def _action_limit_excess(target: str, total: int, *, counted: str, breakdown: str) -> str | None:
+    """The sentence saying ``target`` would hold ``total`` actions, over Application Auto
+    Scaling's per-target limit (``counted`` names them, ``breakdown`` splits the total), or None
+    when ``total`` is within the limit."""
+    if total <= MAX_ACTIONS_PER_TARGET:
+        return None
+    return (f"target {target} would have {total} {counted} ({breakdown}), over Application Auto "
+            f"Scaling's limit of {MAX_ACTIONS_PER_TARGET} per scalable target")
+
+
+def _rivals(window: Window, context: Iterable[Window]) -> Iterator[Window]:
+    """The other windows overlapping ``window`` at its priority: neither is in force there."""
+    return (other for other in context
+            if other is not window and other.event.priority == window.event.priority
+            and window.overlaps(other))
+
+
+def _misfires(actions: Sequence[ScheduledCapacity], window: Window, context: Sequence[Window],
+              model: CapacityModel) -> Iterator[tuple[Firing, Window | None, CapacityRange]]:
+    """Each fixed action firing inside ``window`` (its restore minute included) that sets another
+    range than should be in force then: the firing, the window in force (None: the daily floor
+    is) and the range expected."""
+    for firing in firings(actions, window.start, window.end + _ONE_MINUTE):
+        top = top_window(context, firing.moment)
+        expected = top.capacity if top else model.floor_at(firing.moment.time()).capacity
+        if firing.action.capacity != expected:
+            yield firing, top, expected
+
+
 def _later(a: ReleaseEvent, b: ReleaseEvent) -> ReleaseEvent:
     """The entry to blame for a clash between two: the higher layer, then the later in file."""
-    order = {EventKind.RECURRING: 1, EventKind.SEASONAL: 2, EventKind.DATED: 3}
-    return max(a, b, key=lambda e: (order[e.kind], e.index))
+    return max(a, b, key=lambda e: (LAYERS[e.kind], e.index))
 
 
 def _weekly_span(window: Window) -> str:
@@ -327,50 +406,58 @@ class _StaticTarget:
         self.skipped = skipped
 
     def build(self) -> _TargetResult:
+        """Floors, weekly pairs, yearly pairs; each check stops the pass at its first errors."""
         result = _TargetResult()
-        floors_only = self._floor_actions([])
         if self.calendar.timezone != self.model.timezone:
-            result.other_issues.append(CalendarIssue(
-                Severity.ERROR, "timezone",
-                f"the calendar's time zone {self.calendar.timezone} differs from target "
-                f"{self.target}'s schedule time zone {self.model.timezone} (settings); "
-                "accepted: the same IANA zone, so releases and daily floors share one clock"))
-            result.actions = floors_only
+            result.other_issues.append(self._timezone_error())
+            result.actions = self._floor_actions([])
             return result
-
-        recurring: list[RecurringRelease] = []
-        seasonal: list[SeasonalRelease] = []
-        capacities: dict[str, CapacityRange] = {}
-        for event in (*self.calendar.recurring, *self.calendar.seasonal):
-            if self.target not in event.targets or event.event_id in self.skipped:
-                continue
-            capacity, issues = event_capacity(event, self.target, self.model)
-            for issue in issues:
-                (result.event_errors if issue.severity is Severity.ERROR
-                 else result.other_issues).append(issue)
-            if capacity is None:
-                continue
-            capacities[event.event_id] = capacity
-            if isinstance(event, RecurringRelease):
-                recurring.append(event)
-            elif isinstance(event, SeasonalRelease):
-                seasonal.append(event)
+        ranged = _ranged_events((*self.calendar.recurring, *self.calendar.seasonal), self.target,
+                               self.model, self.skipped, result)
         if result.event_errors:
             return result
+        capacities = {event.event_id: capacity for event, capacity in ranged}
+        recurring = [event for event, _ in ranged if isinstance(event, RecurringRelease)]
+        seasonal = [event for event, _ in ranged if isinstance(event, SeasonalRelease)]
+        weekly, this_week = self._reference_weeks(recurring, capacities)
+        if result.refuse(self._weekly_overlaps(this_week, weekly)):
+            return result
+        actions = [*self._floor_actions(weekly), *self._weekly_actions(this_week, weekly)]
+        result.other_issues.extend(self._silenced_floors(actions))
+        seasonal_actions, leap_errors = self._seasonal_actions(seasonal, capacities)
+        if result.refuse(leap_errors):
+            return result
+        actions.extend(seasonal_actions)
+        if result.refuse(self._verify_seasonal(seasonal, recurring, capacities, actions)):
+            return result
+        result.other_issues.extend(self._action_limit(actions))
+        result.actions = tuple(sorted(actions, key=lambda a: a.name))
+        return result
 
+    def _timezone_error(self) -> CalendarIssue:
+        return CalendarIssue(
+            Severity.ERROR, "timezone",
+            f"the calendar's time zone {self.calendar.timezone} differs from target "
+            f"{self.target}'s schedule time zone {self.model.timezone} (settings); "
+            "accepted: the same IANA zone, so releases and daily floors share one clock")
+
+    def _reference_weeks(self, recurring: Sequence[RecurringRelease],
+                         capacities: Mapping[str, CapacityRange]
+                         ) -> tuple[list[Window], list[Window]]:
+        """The weekly windows around the reference week (a week either side, so a window that
+        crosses a week boundary is seen), and those starting in the reference week itself."""
         first = REFERENCE_MONDAY - dt.timedelta(days=7)
         last = REFERENCE_MONDAY + dt.timedelta(days=13)
         weekly = [w for e in recurring
                   for w in recurring_windows(e, self.target, capacities[e.event_id], first, last)]
         week_start = dt.datetime.combine(REFERENCE_MONDAY, dt.time())
         week_end = week_start + dt.timedelta(days=7)
-        this_week = [w for w in weekly if week_start <= w.start < week_end]
+        return weekly, [w for w in weekly if week_start <= w.start < week_end]
+
+    def _weekly_overlaps(self, this_week: Sequence[Window], weekly: Sequence[Window]) -> _Blame:
         blame = _Blame()
         for window in this_week:
-            for other in weekly:
-                if (other is window or other.event.priority != window.event.priority
-                        or not window.overlaps(other)):
-                    continue
+            for other in _rivals(window, weekly):
                 if other.event is window.event:
                     blame.add(window.event, "duration_min",
                               f"its own windows overlap on target {self.target} "
@@ -385,49 +472,35 @@ class _StaticTarget:
                           f"its window {_weekly_span(own)} overlaps {partner.event.label}'s "
                           f"window {_weekly_span(partner)} on target {self.target}, both priority "
                           f"{window.event.priority}; {_OVERLAP_ACCEPTED}")
-        if blame.errors:
-            result.event_errors.extend(blame.errors)
-            return result
+        return blame
 
-        actions: list[ScheduledCapacity] = [*self._floor_actions(weekly)]
-        actions.extend(self._weekly_actions(this_week, weekly))
-        for floor in self.model.floors:
-            if not any(a.name == floor_action_name(floor.name) for a in actions):
-                result.other_issues.append(CalendarIssue(
-                    Severity.WARNING, "recurring",
-                    f"on target {self.target} the {floor.name} floor at {floor.start:%H:%M} falls "
-                    "inside a release window every day, so it never fires"))
+    def _silenced_floors(self, actions: Sequence[ScheduledCapacity]) -> list[CalendarIssue]:
+        """A warning per daily floor that every day's release windows keep from firing."""
+        return [CalendarIssue(
+            Severity.WARNING, "recurring",
+            f"on target {self.target} the {floor.name} floor at {floor.start:%H:%M} falls "
+            "inside a release window every day, so it never fires")
+            for floor in self.model.floors
+            if not any(a.name == floor_action_name(floor.name) for a in actions)]
 
-        seasonal_actions, leap_errors = self._seasonal_actions(seasonal, capacities)
-        if leap_errors.errors:
-            result.event_errors.extend(leap_errors.errors)
-            return result
-        actions.extend(seasonal_actions)
-        conflicts = self._verify_seasonal(seasonal, recurring, capacities, actions)
-        if conflicts.errors:
-            result.event_errors.extend(conflicts.errors)
-            return result
-
-        if len(actions) > MAX_ACTIONS_PER_TARGET:
-            counts = {kind: sum(1 for a in actions if a.name.startswith(prefix))
-                      for kind, prefix in (("floor", "floor-"), ("weekly", "calendar-weekly-"),
-                                           ("yearly", "calendar-annual-"))}
-            result.other_issues.append(CalendarIssue(
-                Severity.ERROR, "document",
-                f"target {self.target} would have {len(actions)} fixed scheduled actions "
-                f"({counts['floor']} floors, {counts['weekly']} weekly, "
-                f"{counts['yearly']} yearly), "
-                f"over Application Auto Scaling's limit of {MAX_ACTIONS_PER_TARGET} per scalable "
-                "target; accepted: fewer recurring or seasonal events on it"))
-        result.actions = tuple(sorted(actions, key=lambda a: a.name))
-        return result
+    def _action_limit(self, actions: Sequence[ScheduledCapacity]) -> list[CalendarIssue]:
+        """An error when the fixed actions alone exceed the per-target limit."""
+        counts = {kind: sum(1 for a in actions if a.name.startswith(prefix))
+                  for kind, prefix in (("floor", FLOOR_PREFIX), ("weekly", WEEKLY_PREFIX),
+                                       ("yearly", ANNUAL_PREFIX))}
+        excess = _action_limit_excess(
+            self.target, len(actions), counted="fixed scheduled actions",
+            breakdown=(f"{counts['floor']} floors, {counts['weekly']} weekly, "
+                       f"{counts['yearly']} yearly"))
+        if excess is None:
+            return []
+        return [CalendarIssue(Severity.ERROR, "document",
+                              f"{excess}; accepted: fewer recurring or seasonal events on it")]
 
     def _action(self, name: str, schedule: str, capacity: CapacityRange, role: ActionRole,
                 event_id: str | None) -> ScheduledCapacity:
-        return ScheduledCapacity(name=name, schedule=schedule, timezone=self.model.timezone,
-                                 min_capacity=capacity.min_capacity,
-                                 max_capacity=capacity.max_capacity, target=self.target,
-                                 role=role, event_id=event_id)
+        return _scheduled_action(self.model, self.target, name=name, schedule=schedule,
+                                capacity=capacity, role=role, event_id=event_id)
 
     def _floor_actions(self, weekly: Sequence[Window]) -> tuple[ScheduledCapacity, ...]:
         actions: list[ScheduledCapacity] = []
@@ -446,8 +519,7 @@ class _StaticTarget:
         groups: dict[tuple[str, ActionRole], dict[tuple[dt.time, CapacityRange], set[Weekday]]]
         groups = {}
         for window in this_week:
-            for role, moment in ((ActionRole.PRESCALE, window.start),
-                                 (ActionRole.RESTORE, window.end)):
+            for role, moment in _window_edges(window):
                 capacity = intended_capacity(moment, weekly, self.model)
                 by_value = groups.setdefault((window.event.event_id, role), {})
                 by_value.setdefault((moment.time(), capacity), set()).add(
@@ -485,8 +557,7 @@ class _StaticTarget:
                           "pair up; accepted: a window that does not cross the end of February, "
                           "or a dated event per year")
                 continue
-            for role, moment in ((ActionRole.PRESCALE, plain.start),
-                                 (ActionRole.RESTORE, plain.end)):
+            for role, moment in _window_edges(plain):
                 actions.append(self._action(
                     annual_action_name(event.event_id, role),
                     annual_cron(moment.time(), moment.month, moment.day),
@@ -512,12 +583,7 @@ class _StaticTarget:
                 self._check_overlaps(window, context, blame, when)
                 # The window's own restore moment counts too: a yearly restore's fixed range is
                 # wrong in the years a weekly window still covers that time.
-                for firing in firings(actions, window.start, window.end + _ONE_MINUTE):
-                    top = top_window(context, firing.moment)
-                    expected = top.capacity if top else self.model.floor_at(
-                        firing.moment.time()).capacity
-                    if firing.action.capacity == expected:
-                        continue
+                for firing, top, expected in _misfires(actions, window, context, self.model):
                     blamed = _blamed_for(firing, top, window, self.calendar)
                     blame.add(blamed, "start", _conflict_message(
                         firing, expected, top, blamed=blamed, when=when))
@@ -525,9 +591,8 @@ class _StaticTarget:
 
     def _check_overlaps(self, window: Window, context: Sequence[Window], blame: _Blame,
                         when: str) -> None:
-        for other in context:
-            if (other.event is window.event or other.event.priority != window.event.priority
-                    or not window.overlaps(other)):
+        for other in _rivals(window, context):
+            if other.event is window.event:
                 continue
             blamed = _later(window.event, other.event)
             partner = other if blamed is window.event else window
@@ -544,7 +609,7 @@ def _blamed_for(firing: Firing, top: Window | None, window: Window,
     owner = next((e for e in calendar.events if e.event_id == firing.action.event_id), None)
     candidates: list[tuple[int, int, ReleaseEvent]] = []
     if owner is not None:
-        candidates.append((_layer_of(owner), owner.index, owner))
+        candidates.append((LAYERS[owner.kind], owner.index, owner))
     if top is not None:
         candidates.append((top.layer, top.event.index, top.event))
     if not candidates:
@@ -553,8 +618,8 @@ def _blamed_for(firing: Firing, top: Window | None, window: Window,
     return event if layer > LAYER_FLOOR else window.event
 
 
-def _layer_of(event: ReleaseEvent) -> int:
-    return {EventKind.RECURRING: 1, EventKind.SEASONAL: 2, EventKind.DATED: 3}[event.kind]
+_Planned = tuple[Window, list[ScheduledCapacity]]
+"""A dated window and the actions kept for it (those still in the future)."""
 
 
 class _DatedTarget:
@@ -575,34 +640,36 @@ class _DatedTarget:
         self.static_skipped = static_skipped
 
     def build(self) -> _TargetResult:
+        """The pairs of the windows in the horizon, once nothing clashes and the limit holds."""
         result = _TargetResult()
         if self.calendar.timezone != self.model.timezone:
             return result  # reported by the static plan
-        events: list[DatedRelease] = []
-        windows: dict[str, Window] = {}
-        for event in self.calendar.dated:
-            if self.target not in event.targets or event.event_id in self.skipped:
-                continue
-            capacity, issues = event_capacity(event, self.target, self.model)
-            for issue in issues:
-                (result.event_errors if issue.severity is Severity.ERROR
-                 else result.other_issues).append(issue)
-            if capacity is not None:
-                events.append(event)
-                windows[event.event_id] = dated_window(event, self.target, capacity)
+        ranged = _ranged_events(self.calendar.dated, self.target, self.model, self.skipped,
+                               result)
         if result.event_errors:
             return result
+        windows = {event.event_id: dated_window(event, self.target, capacity)
+                   for event, capacity in ranged}
         candidates = self._candidates(list(windows.values()))
         if not candidates:
             return result
         low = min(w.start for w in candidates) - dt.timedelta(days=3)
         high = max(w.end for w in candidates) + dt.timedelta(days=3)
         context = [*self._fixed_windows(low, high), *windows.values()]
+        if result.refuse(self._conflicts(candidates, context)):
+            return result
+        planned = self._pairs(candidates, context)
+        if self._held_to_action_limit(planned, result):
+            return result
+        result.actions = tuple(a for _, pair in planned for a in pair)
+        return result
+
+    def _conflicts(self, candidates: Sequence[Window], context: Sequence[Window]) -> _Blame:
+        """Same-priority overlaps, and fixed actions firing inside a window with another range."""
         blame = _Blame()
         for window in candidates:
-            for other in context:
-                if (other.event is window.event or other.event.priority != window.event.priority
-                        or not window.overlaps(other)):
+            for other in _rivals(window, context):
+                if other.event is window.event:
                     continue
                 blamed = (_later(window.event, other.event)
                           if other.event.kind is EventKind.DATED else window.event)
@@ -611,57 +678,55 @@ class _DatedTarget:
                           f"its window overlaps {partner.event.label}'s window "
                           f"({_dated_span(partner)}) on target {self.target}, both priority "
                           f"{window.event.priority}; {_OVERLAP_ACCEPTED}")
-            for firing in firings(self.fixed_actions, window.start, window.end + _ONE_MINUTE):
-                top = top_window(context, firing.moment)
-                expected = top.capacity if top else self.model.floor_at(
-                    firing.moment.time()).capacity
-                if firing.action.capacity == expected:
-                    continue
+            for firing, top, expected in _misfires(self.fixed_actions, window, context,
+                                                   self.model):
                 blamed = top.event if top is not None and top.layer == 3 else window.event
                 blame.add(blamed, "start", _conflict_message(
                     firing, expected, top, blamed=blamed,
                     when=f"on {firing.moment:%a %Y-%m-%d}"))
-        if blame.errors:
-            result.event_errors.extend(blame.errors)
-            return result
+        return blame
 
-        planned: list[tuple[Window, list[ScheduledCapacity]]] = []
+    def _pairs(self, candidates: Sequence[Window], context: Sequence[Window]) -> list[_Planned]:
+        """Each window's pre-scale and restore, in time order, leaving out moments already past
+        (they have fired, or never will: nothing to keep)."""
+        planned: list[_Planned] = []
         for window in sorted(candidates, key=lambda w: (w.start, w.event.index)):
-            pair: list[ScheduledCapacity] = []
-            for role, moment in ((ActionRole.PRESCALE, window.start),
-                                 (ActionRole.RESTORE, window.end)):
-                if self.now_local is not None and moment <= self.now_local:
-                    continue  # already fired (or never will): nothing to keep
-                capacity = intended_capacity(moment, context, self.model)
-                pair.append(ScheduledCapacity(
-                    name=dated_action_name(window.event.event_id, role),
-                    schedule=at_expression(moment), timezone=self.model.timezone,
-                    min_capacity=capacity.min_capacity, max_capacity=capacity.max_capacity,
-                    target=self.target, role=role, event_id=window.event.event_id))
+            pair = [_scheduled_action(
+                self.model, self.target, name=dated_action_name(window.event.event_id, role),
+                schedule=at_expression(moment),
+                capacity=intended_capacity(moment, context, self.model), role=role,
+                event_id=window.event.event_id)
+                for role, moment in _window_edges(window)
+                if self.now_local is None or moment > self.now_local]
             planned.append((window, pair))
-        total = len(self.fixed_actions) + sum(len(pair) for _, pair in planned)
-        if total > MAX_ACTIONS_PER_TARGET:
-            message = (f"target {self.target} would have {total} scheduled actions "
-                       f"({len(self.fixed_actions)} fixed + {total - len(self.fixed_actions)} "
-                       f"dated), over Application Auto Scaling's limit of "
-                       f"{MAX_ACTIONS_PER_TARGET} per scalable target")
-            if not self.enforce_action_limit:
-                result.other_issues.append(CalendarIssue(
-                    Severity.WARNING, "dated",
-                    f"{message} if every dated event were in the reconciler's horizon at once; "
-                    "it keeps only those inside its horizon (remove past events)"))
-            else:
-                for window, pair in reversed(planned):
-                    if total <= MAX_ACTIONS_PER_TARGET:
-                        break
-                    total -= len(pair)
-                    blame.add(window.event, "date",
-                              f"{message}; this one, the latest, is left out; accepted: fewer "
-                              "dated events within the horizon, or a shorter horizon")
-                result.event_errors.extend(blame.errors)
-                return result
-        result.actions = tuple(a for _, pair in planned for a in pair)
-        return result
+        return planned
+
+    def _held_to_action_limit(self, planned: Sequence[_Planned], result: _TargetResult) -> bool:
+        """True when the latest events were left out to stay within the per-target limit (the
+        pass stops there). At synth (not enforced) it only warns: the reconciler keeps just the
+        events inside its horizon."""
+        fixed = len(self.fixed_actions)
+        total = fixed + sum(len(pair) for _, pair in planned)
+        excess = _action_limit_excess(self.target, total, counted="scheduled actions",
+                                     breakdown=f"{fixed} fixed + {total - fixed} dated")
+        if excess is None:
+            return False
+        if not self.enforce_action_limit:
+            result.other_issues.append(CalendarIssue(
+                Severity.WARNING, "dated",
+                f"{excess} if every dated event were in the reconciler's horizon at once; "
+                "it keeps only those inside its horizon (remove past events)"))
+            return False
+        blame = _Blame()
+        for window, pair in reversed(planned):
+            if total <= MAX_ACTIONS_PER_TARGET:
+                break
+            total -= len(pair)
+            blame.add(window.event, "date",
+                      f"{excess}; this one, the latest, is left out; accepted: fewer "
+                      "dated events within the horizon, or a shorter horizon")
+        result.refuse(blame)
+        return True
 
     def _candidates(self, windows: list[Window]) -> list[Window]:
         if self.now_local is None:

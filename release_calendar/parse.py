@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -50,6 +51,11 @@ _SECTION_KEYS: dict[EventKind, tuple[str, ...]] = {
     EventKind.DATED: ("date", *_COMMON_KEYS),
 }
 _REQUIRED = ("id", "start", "duration_min", "multiplier", "targets")
+_EVENT_TYPES: dict[EventKind, type[ReleaseEvent]] = {
+    EventKind.RECURRING: RecurringRelease,
+    EventKind.SEASONAL: SeasonalRelease,
+    EventKind.DATED: DatedRelease,
+}
 _MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August",
                 "September", "October", "November", "December")
 
@@ -107,20 +113,46 @@ def parse_calendar(text: str, *, source: str = "release calendar") -> ParsedCale
             Severity.ERROR, "document",
             f"got {type(document).__name__}; accepted: a mapping with keys "
             f"{', '.join(_TOP_LEVEL_KEYS)}")], source=source)
-    fatal: list[CalendarIssue] = []
+    fatal = _top_level_issues(document)
+    sections = _sections(document, fatal)
+    if fatal:
+        raise CalendarError(fatal, source=source)
+    timezone = document["timezone"]
+    assert isinstance(timezone, str)
+    entries = _Entries()
+    if _observes_dst(timezone):
+        entries.issues.append(CalendarIssue(
+            Severity.WARNING, "timezone",
+            f"{timezone} changes its UTC offset during the year; actions at local times that "
+            "are skipped or repeated on those nights fire as Application Auto Scaling decides"))
+    for kind, raw_entries in sections.items():
+        for index, entry in enumerate(raw_entries):
+            entries.read(kind, index, entry)
+    return entries.parsed(timezone)
+
+
+def _top_level_issues(document: Mapping[Any, Any]) -> list[CalendarIssue]:
+    """Unknown top-level keys, a version other than ours, an unusable time zone."""
+    issues: list[CalendarIssue] = []
     unknown = sorted(str(k) for k in document if k not in _TOP_LEVEL_KEYS)
     if unknown:
-        fatal.append(CalendarIssue(Severity.ERROR, "document",
-                                   f"unknown key(s) {unknown}; accepted: "
-                                   f"{', '.join(_TOP_LEVEL_KEYS)}"))
+        issues.append(CalendarIssue(Severity.ERROR, "document",
+                                    f"unknown key(s) {unknown}; accepted: "
+                                    f"{', '.join(_TOP_LEVEL_KEYS)}"))
     version = document.get("version")
     if version != CALENDAR_VERSION or isinstance(version, bool):
-        fatal.append(CalendarIssue(Severity.ERROR, "version",
-                                   f"got {version!r}; accepted: {CALENDAR_VERSION}"))
-    timezone = document.get("timezone")
-    zone_problem = check_timezone(timezone)
+        issues.append(CalendarIssue(Severity.ERROR, "version",
+                                    f"got {version!r}; accepted: {CALENDAR_VERSION}"))
+    zone_problem = check_timezone(document.get("timezone"))
     if zone_problem:
-        fatal.append(CalendarIssue(Severity.ERROR, "timezone", zone_problem))
+        issues.append(CalendarIssue(Severity.ERROR, "timezone", zone_problem))
+    return issues
+
+
+def _sections(document: Mapping[Any, Any], fatal: list[CalendarIssue]
+              ) -> dict[EventKind, list[Any]]:
+    """The entries of each section (a missing section is empty); a section that is not a list
+    is added to ``fatal``."""
     sections: dict[EventKind, list[Any]] = {}
     for kind in EventKind:
         raw = document.get(kind.value)
@@ -131,46 +163,52 @@ def parse_calendar(text: str, *, source: str = "release calendar") -> ParsedCale
         else:
             fatal.append(CalendarIssue(Severity.ERROR, kind.value,
                                        f"got {type(raw).__name__}; accepted: a list of entries"))
-    if fatal:
-        raise CalendarError(fatal, source=source)
-    assert isinstance(timezone, str)
+    return sections
 
-    issues: list[CalendarIssue] = []
-    if _observes_dst(timezone):
-        issues.append(CalendarIssue(
-            Severity.WARNING, "timezone",
-            f"{timezone} changes its UTC offset during the year; actions at local times that "
-            "are skipped or repeated on those nights fire as Application Auto Scaling decides"))
-    valid: dict[EventKind, list[ReleaseEvent]] = {kind: [] for kind in EventKind}
-    skipped: set[str] = set()
-    unidentified = 0
-    seen_ids: dict[str, str] = {}
-    for kind, entries in sections.items():
-        for index, entry in enumerate(entries):
-            reader = _EntryReader(kind, index, entry)
-            event = reader.read()
-            event_id = reader.event_id
-            if event_id is not None and event_id in seen_ids:
-                reader.error("id", f"{event_id!r} is already used by {seen_ids[event_id]}; "
-                                   "accepted: an id unique across the whole calendar")
-                event = None
-            elif event_id is not None:
-                seen_ids[event_id] = reader.label
-            issues.extend(reader.issues)
-            if event is not None:
-                valid[kind].append(event)
-            elif event_id is not None:
-                skipped.add(event_id)
-            else:
-                unidentified += 1
-    calendar = ReleaseCalendar(
-        timezone=timezone,
-        recurring=tuple(e for e in valid[EventKind.RECURRING] if isinstance(e, RecurringRelease)),
-        seasonal=tuple(e for e in valid[EventKind.SEASONAL] if isinstance(e, SeasonalRelease)),
-        dated=tuple(e for e in valid[EventKind.DATED] if isinstance(e, DatedRelease)),
-    )
-    return ParsedCalendar(calendar=calendar, issues=tuple(issues),
-                          skipped_event_ids=frozenset(skipped), unidentified_skips=unidentified)
+
+@dataclass
+class _Entries:
+    """The entries read so far: the valid ones per section, every issue, and who was left out."""
+
+    valid: dict[EventKind, list[ReleaseEvent]] = field(
+        default_factory=lambda: {kind: [] for kind in EventKind})
+    issues: list[CalendarIssue] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
+    unidentified: int = 0
+    seen_ids: dict[str, str] = field(default_factory=dict)
+
+    def read(self, kind: EventKind, index: int, entry: Any) -> None:
+        """Read one entry; an id used before makes it an error (ids are calendar-wide)."""
+        reader = _EntryReader(kind, index, entry)
+        event = reader.read()
+        event_id = reader.event_id
+        if event_id is not None and event_id in self.seen_ids:
+            reader.error("id", f"{event_id!r} is already used by {self.seen_ids[event_id]}; "
+                               "accepted: an id unique across the whole calendar")
+            event = None
+        elif event_id is not None:
+            self.seen_ids[event_id] = reader.label
+        self.issues.extend(reader.issues)
+        if event is not None:
+            self.valid[kind].append(event)
+        elif event_id is not None:
+            self.skipped.add(event_id)
+        else:
+            self.unidentified += 1
+
+    def parsed(self, timezone: str) -> ParsedCalendar:
+        """The valid entries as a calendar, with the issues and the entries left out."""
+        calendar = ReleaseCalendar(
+            timezone=timezone,
+            recurring=tuple(e for e in self.valid[EventKind.RECURRING]
+                            if isinstance(e, RecurringRelease)),
+            seasonal=tuple(e for e in self.valid[EventKind.SEASONAL]
+                           if isinstance(e, SeasonalRelease)),
+            dated=tuple(e for e in self.valid[EventKind.DATED] if isinstance(e, DatedRelease)),
+        )
+        return ParsedCalendar(calendar=calendar, issues=tuple(self.issues),
+                              skipped_event_ids=frozenset(self.skipped),
+                              unidentified_skips=self.unidentified)
 
 
 def check_timezone(name: object) -> str | None:
@@ -211,13 +249,22 @@ class _EntryReader:
                                          self.event_id, in_entry=True))
 
     def read(self) -> ReleaseEvent | None:
+        """The entry as an event, or None when any of its fields is wrong (see ``issues``)."""
         if not isinstance(self.entry, Mapping):
             self.issues.append(CalendarIssue(
                 Severity.ERROR, self.label,
                 f"got {type(self.entry).__name__}; accepted: a mapping with keys "
                 f"{', '.join(_SECTION_KEYS[self.kind])}", in_entry=True))
             return None
-        entry = self.entry
+        self._check_keys(self.entry)
+        values = self._common_values(self.entry)
+        values.update(self._section_values(self.entry))
+        if self.issues or self.event_id is None:
+            return None
+        return _EVENT_TYPES[self.kind](event_id=self.event_id, index=self.index, **values)
+
+    def _check_keys(self, entry: Mapping[str, Any]) -> None:
+        """Reads the id; an error per unknown key and per missing required key."""
         raw_id = entry.get("id")
         if isinstance(raw_id, str) and EVENT_ID.match(raw_id):
             self.event_id = raw_id
@@ -232,6 +279,9 @@ class _EntryReader:
         for key in _REQUIRED:
             if key not in entry:
                 self.error(key, "is required")
+
+    def _common_values(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields every section has, defaults filled in."""
         values: dict[str, Any] = {
             "description": self._optional(entry, "description", "", _read_description),
             "start": self._field(entry, "start", _read_time),
@@ -248,26 +298,21 @@ class _EntryReader:
                 and values["min_capacity"] > values["max_capacity"]):
             self.error("min_capacity", f"{values['min_capacity']} is above max_capacity "
                                        f"{values['max_capacity']}; accepted: min <= max")
+        return values
+
+    def _section_values(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """When the event happens: weekdays, a month and day, or a date."""
         if self.kind is EventKind.RECURRING:
-            values["weekdays"] = self._field(entry, "weekdays", _read_weekdays, required=True)
-        elif self.kind is EventKind.SEASONAL:
-            month = self._field(entry, "month", _int_reader(1, 12), required=True)
-            day = self._field(entry, "day", _int_reader(1, 31), required=True)
-            if month is not None and day is not None:
-                problem = _check_month_day(month, day)
-                if problem:
-                    self.error("day", problem)
-            values["month"], values["day"] = month, day
-        else:
-            values["date"] = self._field(entry, "date", _read_date, required=True)
-        if self.issues or self.event_id is None:
-            return None
-        common = {"event_id": self.event_id, "index": self.index, **values}
-        if self.kind is EventKind.RECURRING:
-            return RecurringRelease(**common)
-        if self.kind is EventKind.SEASONAL:
-            return SeasonalRelease(**common)
-        return DatedRelease(**common)
+            return {"weekdays": self._field(entry, "weekdays", _read_weekdays, required=True)}
+        if self.kind is EventKind.DATED:
+            return {"date": self._field(entry, "date", _read_date, required=True)}
+        month = self._field(entry, "month", _int_reader(1, 12), required=True)
+        day = self._field(entry, "day", _int_reader(1, 31), required=True)
+        if month is not None and day is not None:
+            problem = _check_month_day(month, day)
+            if problem:
+                self.error("day", problem)
+        return {"month": month, "day": day}
 
     def _field(self, entry: Mapping[str, Any], key: str, reader: Callable[[Any], Any],
                *, required: bool = False) -> Any:

@@ -132,46 +132,73 @@ class StreamRecord:
 
 def judge_stream(endpoint: str, record: StreamRecord, smoke: SmokeSettings) -> Check:
     """Every chunk parses; role first, content, a finish_reason, then [DONE]; no fallback."""
-    def fail(detail: str) -> Check:
-        return Check(endpoint, "stream", False, detail, record.total_ms, record.first_content_ms)
+    chunks: list[dict[str, Any]] = []
+    problem = _stream_framing_problem(record)
+    if problem is None:
+        chunks, problem = _stream_chunks(record.data[:-1])
+    choices = [choice for chunk in chunks for choice in chunk.get("choices", [])]
+    text = "".join(choice.get("delta", {}).get("content") or "" for choice in choices)
+    finish = [choice["finish_reason"] for choice in choices if choice.get("finish_reason")]
+    if problem is None:
+        problem = (_stream_answer_problem(chunks, choices, text, finish)
+                   or _stream_timing_problem(record, smoke))
+    if problem is not None:
+        return Check(endpoint, "stream", False, problem, record.total_ms, record.first_content_ms)
+    return Check(endpoint, "stream", True, f"{len(chunks)} chunks, {len(text)} chars, "
+                 f"finish {finish[-1]}", record.total_ms, record.first_content_ms)
 
+
+def _stream_framing_problem(record: StreamRecord) -> str | None:
+    """The stream broke off: an error, or no [DONE] at the end."""
     if record.error:
-        return fail(f"stream broke off after {len(record.data)} events: {record.error}")
+        return f"stream broke off after {len(record.data)} events: {record.error}"
     if not record.data or record.data[-1] != "[DONE]":
         tail = f" (then {len(record.leftover)} bytes without a newline)" if record.leftover else ""
-        return fail(f"stream broke off: {len(record.data)} events and no [DONE]{tail}")
-    chunks = []
-    for index, payload in enumerate(record.data[:-1]):
+        return f"stream broke off: {len(record.data)} events and no [DONE]{tail}"
+    return None
+
+
+def _stream_chunks(payloads: Sequence[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """The events before the final [DONE] as chat.completion.chunk objects, or what is wrong."""
+    if "[DONE]" in payloads:
+        return [], "events after [DONE]"
+    chunks: list[dict[str, Any]] = []
+    for index, payload in enumerate(payloads):
         try:
             chunks.append(json.loads(payload))
         except ValueError:
-            return fail(f"event {index} is not JSON: {payload[:120]!r}")
-    if "[DONE]" in record.data[:-1]:
-        return fail("events after [DONE]")
-    if any(chunk.get("object") != "chat.completion.chunk" for chunk in chunks):
-        return fail("an event is not a chat.completion.chunk")
-    choices = [choice for chunk in chunks for choice in chunk.get("choices", [])]
+            return [], f"event {index} is not JSON: {payload[:120]!r}"
+    if any(not isinstance(chunk, dict) or chunk.get("object") != "chat.completion.chunk"
+           for chunk in chunks):
+        return [], "an event is not a chat.completion.chunk"
+    return chunks, None
+
+
+def _stream_answer_problem(chunks: Sequence[Mapping[str, Any]],
+                           choices: Sequence[Mapping[str, Any]], text: str,
+                           finish: Sequence[str]) -> str | None:
+    """The answer is not a real one: no assistant role first, a fallback, no text, no finish."""
     if not choices or choices[0].get("delta", {}).get("role") != "assistant":
-        return fail("the first chunk has no assistant role")
-    text = "".join(choice.get("delta", {}).get("content") or "" for choice in choices)
-    finish = [choice["finish_reason"] for choice in choices if choice.get("finish_reason")]
+        return "the first chunk has no assistant role"
     fallbacks = [chunk["mangaassist"]["fallback"] for chunk in chunks
                  if (chunk.get("mangaassist") or {}).get("fallback")]
     if fallbacks:
-        return fail(f"fallback answer ({fallbacks[-1].get('reason')}): "
-                    f"{fallbacks[-1].get('detail')}")
+        return f"fallback answer ({fallbacks[-1].get('reason')}): {fallbacks[-1].get('detail')}"
     if not text.strip():
-        return fail("no content in the stream")
-    if finish[-1:] not in (["stop"], ["length"]):
-        return fail(f"no finish_reason stop/length (got {finish})")
+        return "no content in the stream"
+    if list(finish[-1:]) not in (["stop"], ["length"]):
+        return f"no finish_reason stop/length (got {list(finish)})"
+    return None
+
+
+def _stream_timing_problem(record: StreamRecord, smoke: SmokeSettings) -> str | None:
+    """Time to first token or the whole answer over the smoke settings' limits."""
     ttft, limit = record.first_content_ms, smoke.llm_time_to_first_token_ms
     if ttft is None or ttft > limit:
-        return fail(f"time to first token {ttft} ms > {limit:.0f} ms "
-                    "(smoke.llm_time_to_first_token_ms)")
+        return f"time to first token {ttft} ms > {limit:.0f} ms (smoke.llm_time_to_first_token_ms)"
     if record.total_ms > smoke.llm_latency_ms:
-        return fail(f"{record.total_ms:.0f} ms > {smoke.llm_latency_ms:.0f} ms")
-    return Check(endpoint, "stream", True, f"{len(chunks)} chunks, {len(text)} chars, "
-                 f"finish {finish[-1]}", record.total_ms, record.first_content_ms)
+        return f"{record.total_ms:.0f} ms > {smoke.llm_latency_ms:.0f} ms"
+    return None
 
 
 def has_content(payload: str) -> bool:

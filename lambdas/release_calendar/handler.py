@@ -13,6 +13,10 @@ are); the other entries still apply. A calendar that cannot be read or parsed at
 misconfigured function, changes nothing and raises — the Lambda Errors alarm pages. Failed API
 writes are reported and raise after the others were applied.
 
+This module only does the I/O — the environment, the event, the S3/SSM read, the Application Auto
+Scaling calls, the log and metric lines; what to create, update and delete, the counts and the
+summary are worked out by the pure ``release_calendar.reconcile``.
+
 Handler: ``handler.handler``. The asset is this folder plus the repository's ``release_calendar/``
 and ``metrics_contract/`` packages next to ``handler.py``; the runtime's own boto3 is used.
 
@@ -46,17 +50,16 @@ from release_calendar import (
     DEFAULT_HORIZON_DAYS,
     KNOWN_TARGETS,
     CalendarError,
-    CalendarIssue,
+    CalendarRun,
     CapacityModel,
     ExistingScheduledAction,
     ReconcilePlan,
     ScheduledCapacity,
-    Severity,
+    TargetOutcome,
     capacity_models_from_json,
-    parse_calendar,
-    plan_dated_schedule,
-    plan_reconciliation,
-    plan_static_schedule,
+    issue_record,
+    plan_calendar_run,
+    run_report,
 )
 
 SERVICE_NAMESPACE = "sagemaker"
@@ -94,47 +97,12 @@ class ReconcilerConfig:
     def from_env(cls, env: Mapping[str, str]) -> ReconcilerConfig:
         """Validate the environment; ConfigurationError names every bad variable."""
         problems: list[str] = []
-        bucket, key = env.get("CALENDAR_BUCKET") or None, env.get("CALENDAR_KEY") or None
-        parameter = env.get("CALENDAR_PARAMETER") or None
-        if parameter and (bucket or key):
-            problems.append("set CALENDAR_PARAMETER or CALENDAR_BUCKET + CALENDAR_KEY, not both")
-        elif not parameter and not (bucket and key):
-            problems.append("CALENDAR_BUCKET and CALENDAR_KEY (or CALENDAR_PARAMETER) are "
-                            "required")
-        models: dict[str, CapacityModel] = {}
-        try:
-            models = capacity_models_from_json(env.get("CALENDAR_CAPACITY_MODELS", ""))
-        except ValueError as error:
-            problems.append(str(error))
-        resource_ids: dict[str, str] = {}
-        for target in KNOWN_TARGETS:
-            variable = f"SCALABLE_TARGET_{target.upper()}"
-            value = env.get(variable)
-            if not value:
-                continue
-            if not RESOURCE_ID.match(value):
-                problems.append(f"{variable}={value!r}: accepted: "
-                                "'endpoint/<endpoint-name>/variant/<variant-name>'")
-            resource_ids[target] = value
-        if not resource_ids:
-            problems.append("no SCALABLE_TARGET_LLM or SCALABLE_TARGET_INTENT: nothing to "
-                            "reconcile")
-        for target in models:
-            if target not in KNOWN_TARGETS:
-                problems.append(f"CALENDAR_CAPACITY_MODELS has unknown target {target!r}; "
-                                f"accepted: {list(KNOWN_TARGETS)}")
-        for target in resource_ids:
-            if models and target not in models:
-                problems.append(f"SCALABLE_TARGET_{target.upper()} is set but "
-                                f"CALENDAR_CAPACITY_MODELS has no model for {target!r}")
-        horizon_text = env.get("HORIZON_DAYS", str(DEFAULT_HORIZON_DAYS))
-        horizon = int(horizon_text) if horizon_text.isdigit() else -1
-        if not 1 <= horizon <= MAX_HORIZON_DAYS:
-            problems.append(f"HORIZON_DAYS={horizon_text!r}: accepted: 1-{MAX_HORIZON_DAYS}")
-        environment = env.get("ENVIRONMENT", "")
-        if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", environment):
-            problems.append(f"ENVIRONMENT={environment!r}: accepted: a short lower-case name "
-                            "such as 'dev' or 'prod'")
+        bucket, key, parameter = _calendar_location(env, problems)
+        models = _capacity_models(env, problems)
+        resource_ids = _resource_ids(env, problems)
+        problems.extend(_unmatched_targets(models, resource_ids))
+        horizon = _horizon_days(env, problems)
+        environment = _environment_name(env, problems)
         dry_run = False
         try:
             dry_run = parse_flag(env.get("DRY_RUN", ""), "DRY_RUN")
@@ -147,6 +115,72 @@ class ReconcilerConfig:
                    models={t: m for t, m in models.items() if t in resource_ids},
                    resource_ids=resource_ids, horizon_days=horizon, environment=environment,
                    dry_run=dry_run)
+
+
+def _calendar_location(env: Mapping[str, str], problems: list[str]
+                       ) -> tuple[str | None, str | None, str | None]:
+    """CALENDAR_BUCKET + CALENDAR_KEY, or CALENDAR_PARAMETER: exactly one of the two."""
+    bucket, key = env.get("CALENDAR_BUCKET") or None, env.get("CALENDAR_KEY") or None
+    parameter = env.get("CALENDAR_PARAMETER") or None
+    if parameter and (bucket or key):
+        problems.append("set CALENDAR_PARAMETER or CALENDAR_BUCKET + CALENDAR_KEY, not both")
+    elif not parameter and not (bucket and key):
+        problems.append("CALENDAR_BUCKET and CALENDAR_KEY (or CALENDAR_PARAMETER) are required")
+    return bucket, key, parameter
+
+
+def _capacity_models(env: Mapping[str, str], problems: list[str]) -> dict[str, CapacityModel]:
+    try:
+        return capacity_models_from_json(env.get("CALENDAR_CAPACITY_MODELS", ""))
+    except ValueError as error:
+        problems.append(str(error))
+        return {}
+
+
+def _resource_ids(env: Mapping[str, str], problems: list[str]) -> dict[str, str]:
+    """SCALABLE_TARGET_<TARGET> per known target that has one; at least one is required."""
+    resource_ids: dict[str, str] = {}
+    for target in KNOWN_TARGETS:
+        variable = f"SCALABLE_TARGET_{target.upper()}"
+        value = env.get(variable)
+        if not value:
+            continue
+        if not RESOURCE_ID.match(value):
+            problems.append(f"{variable}={value!r}: accepted: "
+                            "'endpoint/<endpoint-name>/variant/<variant-name>'")
+        resource_ids[target] = value
+    if not resource_ids:
+        problems.append("no SCALABLE_TARGET_LLM or SCALABLE_TARGET_INTENT: nothing to reconcile")
+    return resource_ids
+
+
+def _unmatched_targets(models: Mapping[str, CapacityModel],
+                       resource_ids: Mapping[str, str]) -> list[str]:
+    """A model for a target nobody knows, or a configured target without a model."""
+    problems = [f"CALENDAR_CAPACITY_MODELS has unknown target {target!r}; "
+                f"accepted: {list(KNOWN_TARGETS)}"
+                for target in models if target not in KNOWN_TARGETS]
+    if models:  # no models at all is already reported
+        problems.extend(f"SCALABLE_TARGET_{target.upper()} is set but "
+                        f"CALENDAR_CAPACITY_MODELS has no model for {target!r}"
+                        for target in resource_ids if target not in models)
+    return problems
+
+
+def _horizon_days(env: Mapping[str, str], problems: list[str]) -> int:
+    text = env.get("HORIZON_DAYS", str(DEFAULT_HORIZON_DAYS))
+    horizon = int(text) if text.isdigit() else -1
+    if not 1 <= horizon <= MAX_HORIZON_DAYS:
+        problems.append(f"HORIZON_DAYS={text!r}: accepted: 1-{MAX_HORIZON_DAYS}")
+    return horizon
+
+
+def _environment_name(env: Mapping[str, str], problems: list[str]) -> str:
+    environment = env.get("ENVIRONMENT", "")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", environment):
+        problems.append(f"ENVIRONMENT={environment!r}: accepted: a short lower-case name "
+                        "such as 'dev' or 'prod'")
+    return environment
 
 
 def parse_flag(value: object, name: str) -> bool:
@@ -218,83 +252,38 @@ def apply_plan(aas: Any, resource_id: str, plan: ReconcilePlan) -> list[dict[str
     return failures
 
 
-def _issue_record(issue: CalendarIssue) -> dict[str, Any]:
-    return {"event_id": issue.event_id, "where": issue.where, "message": issue.message}
-
-
 def reconcile(text: str, config: ReconcilerConfig, aas: Any, *, now: dt.datetime,
               dry_run: bool) -> dict[str, Any]:
     """Plan and (unless ``dry_run``) apply; returns the structured summary.
 
     Raises CalendarError when the calendar as a whole is unusable (nothing is changed then).
     """
-    parsed = parse_calendar(text, source=config.source)
-    static = plan_static_schedule(parsed.calendar, config.models)
-    dated = plan_dated_schedule(parsed.calendar, config.models, now=now,
-                                horizon_days=config.horizon_days, static=static)
-    issues = [*parsed.issues, *static.issues, *dated.issues]
-    document_errors = [i for i in issues if i.severity is Severity.ERROR and not i.about_entry]
-    if document_errors:  # e.g. the calendar's zone differs from the settings': touch nothing
-        raise CalendarError(document_errors, source=config.source)
-    entry_errors = [i for i in issues if i.severity is Severity.ERROR]
-    skipped_ids = (parsed.skipped_event_ids | static.skipped_event_ids
-                   | dated.skipped_event_ids)
-    allow_deletions = parsed.unidentified_skips == 0
+    run = plan_calendar_run(text, config.models, now=now, horizon_days=config.horizon_days,
+                            source=config.source)
+    outcomes = [reconcile_target(aas, run, target, resource_id, dry_run=dry_run)
+                for target, resource_id in sorted(config.resource_ids.items())]
+    return run_report(run, outcomes, environment=config.environment, dry_run=dry_run)
 
-    targets: list[dict[str, Any]] = []
-    totals = {"created": 0, "updated": 0, "deleted": 0, "unchanged": 0, "failed": 0}
-    for target, resource_id in sorted(config.resource_ids.items()):
-        record: dict[str, Any] = {"resource_id": resource_id}
-        try:
-            registered = is_registered(aas, resource_id)
-            existing = list_scheduled_actions(aas, resource_id) if registered else []
-        except (ClientError, BotoCoreError) as error:
-            record.update(target=target, failures=[{"operation": "describe",
-                                                    "error": str(error)}])
-            totals["failed"] += 1
-            targets.append(record)
-            continue
-        if not registered:
-            record.update(target=target, failures=[{
-                "operation": "describe_scalable_targets",
-                "error": f"{resource_id} is not a registered scalable target"}])
-            totals["failed"] += 1
-            targets.append(record)
-            continue
-        plan = plan_reconciliation(target, dated.for_target(target), existing,
-                                   protected_event_ids=skipped_ids,
-                                   allow_deletions=allow_deletions)
-        failures = [] if dry_run else apply_plan(aas, resource_id, plan)
-        record.update(plan.summary())
-        record["failures"] = failures
-        targets.append(record)
-        totals["failed"] += len(failures)
-        totals["unchanged"] += len(plan.unchanged)
-        if not dry_run:
-            failed_names = {f["action"] for f in failures}
-            totals["created"] += sum(1 for a in plan.create if a.name not in failed_names)
-            totals["updated"] += sum(1 for a, _ in plan.update if a.name not in failed_names)
-            totals["deleted"] += sum(1 for a in plan.delete if a.name not in failed_names)
-    planned = {
-        "create": sum(len(t.get("create", [])) for t in targets),
-        "update": sum(len(t.get("update", [])) for t in targets),
-        "delete": sum(len(t.get("delete", [])) for t in targets),
-    }
-    return {
-        "message": "release calendar dry run" if dry_run else "release calendar reconciled",
-        "environment": config.environment,
-        "dry_run": dry_run,
-        "source": config.source,
-        "now": now.isoformat(),
-        "horizon_days": config.horizon_days,
-        "planned": planned,
-        "counts": {**totals,
-                   "skipped_entries": len(skipped_ids) + parsed.unidentified_skips},
-        "skipped_entries": [_issue_record(i) for i in entry_errors],
-        "deletions_held_back": not allow_deletions,
-        "warnings": [_issue_record(i) for i in issues if i.severity is Severity.WARNING],
-        "targets": targets,
-    }
+
+def reconcile_target(aas: Any, run: CalendarRun, target: str, resource_id: str, *,
+                     dry_run: bool) -> TargetOutcome:
+    """Read one variant's actions, plan against them and (unless ``dry_run``) write the plan.
+
+    A variant whose actions cannot be read is reported and left alone; the others still apply.
+    """
+    try:
+        registered = is_registered(aas, resource_id)
+        existing = list_scheduled_actions(aas, resource_id) if registered else []
+    except (ClientError, BotoCoreError) as error:
+        return TargetOutcome.unread(target, resource_id, operation="describe", error=str(error))
+    if not registered:
+        return TargetOutcome.unread(
+            target, resource_id, operation="describe_scalable_targets",
+            error=f"{resource_id} is not a registered scalable target")
+    plan = run.plan_for(target, existing)
+    failures = [] if dry_run else apply_plan(aas, resource_id, plan)
+    return TargetOutcome(target=target, resource_id=resource_id, plan=plan,
+                         failures=tuple(failures))
 
 
 def metrics_document(summary: Mapping[str, Any], *, timestamp_ms: int) -> dict[str, Any]:
@@ -333,7 +322,7 @@ def handler(event: Mapping[str, Any] | None, context: Any) -> dict[str, Any]:
     except CalendarError as error:
         _log({"level": "ERROR", "message": "release calendar unusable; nothing changed",
               "environment": config.environment, "source": config.source,
-              "errors": [_issue_record(i) for i in error.issues]})
+              "errors": [issue_record(i) for i in error.issues]})
         raise
     _log({"level": "WARNING" if summary["skipped_entries"] else "INFO", **summary})
     _log(metrics_document(summary, timestamp_ms=int(time.time() * 1000)))

@@ -1,4 +1,5 @@
-"""The seed's g4dn-vs-inf1 comparison, recomputed from prices."""
+"""The g4dn-vs-inf1 comparison (docs/design-decisions.md#intent-on-inferentia), recomputed
+from prices."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from neuron import cost
 
 
 def test_seed_prices_reproduce_the_seed_saving() -> None:
-    # Seed 001: 4 × ml.g4dn.xlarge at $0.736/h → 2 × ml.inf1.xlarge at $0.228/h, "$1,790/month".
+    # The story: 4 × ml.g4dn.xlarge at $0.736/h → 2 × ml.inf1.xlarge at $0.228/h, "$1,790/month".
     saving = cost.compare_fleets(gpu_price_per_hour_usd=0.736, inferentia_price_per_hour_usd=0.228,
                                  hours_per_month=cost.SEED_HOURS_PER_MONTH)
     assert saving.before.per_hour_usd == pytest.approx(2.944)

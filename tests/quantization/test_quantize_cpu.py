@@ -61,7 +61,7 @@ def _linear_bytes(model_dir: Path) -> dict[str, int]:
 def failed_job(
     quant_python: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
-    """The whole job (quantize, gate, upload) on the tiny model, with the seed's thresholds."""
+    """The whole job (quantize, gate, upload) on the tiny model, with the default thresholds."""
     work = tmp_path_factory.mktemp("job-default-gate")
     result, aws_log = _run_job(quant_python, tiny_model_dir, work)
     return result, aws_log, work

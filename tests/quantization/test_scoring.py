@@ -1,4 +1,5 @@
-"""Scoring and hallucination detection, on seed 001's own examples and the shipped catalogue."""
+"""Scoring and hallucination detection, on the requirements' own examples
+(docs/design-decisions.md#answer-scoring) and the shipped catalogue."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ SIMILAR_TO_DEMON_SLAYER = EvalItem(
     required_titles=(("進撃の巨人",), ("呪術廻戦",), ("ワンピース",), ("僕のヒーローアカデミア",)),
     required_terms=(),
 )
-# The three answers quoted in seed 001, story 8.
+# The three answers the requirements quote (docs/design-decisions.md#answer-scoring).
 BF16_ANSWER = (
     "鬼滅の刃(Demon Slayer)に似たマンガとして、進撃の巨人(Attack on Titan)、"
     "呪術廻戦(Jujutsu Kaisen)、ワンピース(One Piece)をお勧めします。"

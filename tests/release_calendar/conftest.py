@@ -1,5 +1,6 @@
-"""Shared fixtures for the release-calendar tests: the LLM target's capacity model as the seeds
-describe it, and a way to write calendars as Python data."""
+"""Shared fixtures for the release-calendar tests: the LLM target's capacity model as the
+requirements describe it (docs/design-decisions.md#release-calendar), and a way to write calendars
+as Python data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The LLM target's capacity model as the seeds describe it, for the calendar tests."""
+"""The LLM target's capacity model as the requirements describe it
+(docs/design-decisions.md#release-calendar), for the calendar tests."""
 
 from __future__ import annotations
 

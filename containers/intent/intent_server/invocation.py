@@ -17,7 +17,6 @@ Pure module (no web framework), Python 3.10-compatible.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 JSON_TYPES = ("application/json",)
@@ -150,9 +149,3 @@ def parse_invocation(body: bytes, content_type: str | None, limits: Limits) -> I
 def error_body(status: int, message: str) -> dict[str, object]:
     """The JSON body of every refusal."""
     return {"error": {"status": status, "message": message}}
-
-
-def accepted_summary() -> Sequence[str]:
-    """Human-readable list of accepted body forms (for docs and error hints)."""
-    return ('application/json {"text": "..."}', 'application/json {"texts": ["...", ...]}',
-            "text/plain <the text>")

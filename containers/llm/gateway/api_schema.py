@@ -28,10 +28,6 @@ from pydantic import (
 from intents import INTENT_LABELS, require_intent
 from serving_contract import LOCALE_PATTERN
 
-EXTENSION_FIELD = "mangaassist"
-"""Name of the extension namespace in requests and responses."""
-ROLES = ("system", "developer", "user", "assistant")
-
 
 def _valid_unicode(value: str) -> str:
     try:

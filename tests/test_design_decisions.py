@@ -1,0 +1,108 @@
+"""docs/design-decisions.md is where code and docs send a reader for a fact or number they rely
+on: every `docs/design-decisions.md#<anchor>` cited anywhere must exist, every entry must say where
+its fact comes from, and no file outside docs/ may cite a source a reader cannot open (the
+requirement documents or design notes that are not in the repository) — except the files listed
+below, whose owners repoint them (the list only shrinks)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PAGE = REPO_ROOT / "docs" / "design-decisions.md"
+ANCHOR = re.compile(r'<a id="([a-z0-9-]+)"></a>')
+CITATION = re.compile(r"design-decisions\.md#([A-Za-z0-9_-]+)")
+UNOPENABLE = "FACTS[.]md\\|seed[ ]00"
+"""The issue's `git grep` for citations of documents that are not in the repository (the brackets
+keep this line from matching itself)."""
+
+STILL_CITING: frozenset[str] = frozenset({
+    # Issue 16, the gateway and its tests (lead):
+    "containers/llm/gateway/admission.py",
+    "containers/llm/gateway/breaker.py",
+    "containers/llm/gateway/context_budget.py",
+    "containers/llm/gateway/engines/base.py",
+    "containers/llm/gateway/engines/vllm.py",
+    "containers/llm/gateway/routing.py",
+    "containers/llm/gateway/settings.py",
+    "containers/llm/gateway/supervisor.py",
+    "containers/llm/gateway/warmup.py",
+    "tests/containers/llm/test_context_budget.py",
+    "tests/containers/llm/test_settings.py",
+    "tests/containers/llm/test_vllm_contract.py",
+    # Stacks, settings and configuration:
+    "stacks/alarm_rules.py",
+    "stacks/llm_endpoint.py",
+    "stacks/settings.py",
+    "stacks/variant_scaling.py",
+    "tests/stacks/test_intent_endpoint.py",
+    "tests/stacks/test_llm_endpoint_moto.py",
+    "config/dev.yaml",
+    "config/prod.yaml",
+    "config/release_calendar.yaml",
+    # GPU budget and request buckets:
+    "gpu_budget/lengths.py",
+    "request_buckets/__init__.py",
+    # Scaling simulator (issue 19):
+    "tools/scaling_sim/engine.py",
+    "tools/scaling_sim/traces.py",
+    "tools/scaling_sim/traces/one-piece.csv",
+    "tools/scaling_sim/traces/weekday.csv",
+})
+
+
+def anchors() -> list[str]:
+    return ANCHOR.findall(PAGE.read_text(encoding="utf-8"))
+
+
+def repository_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+    return [REPO_ROOT / name for name in listed.stdout.splitlines()
+            if (REPO_ROOT / name).is_file()]
+
+
+def test_anchors_are_unique() -> None:
+    found = anchors()
+    assert len(found) >= 30, "the page lost its entries"
+    assert sorted(found) == sorted(set(found))
+
+
+def test_every_entry_says_where_its_fact_comes_from() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    entries = ANCHOR.split(text)[1:]  # [anchor, body, anchor, body, ...]
+    missing = [anchor for anchor, body in zip(entries[::2], entries[1::2], strict=True)
+               if "Source" not in body]
+    assert missing == []
+
+
+def test_every_citation_names_an_existing_anchor() -> None:
+    defined = set(anchors())
+    cited: dict[str, set[str]] = {}
+    for path in repository_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files
+        for anchor in CITATION.findall(text):
+            cited.setdefault(anchor, set()).add(str(path.relative_to(REPO_ROOT)))
+    internal = re.findall(r"\]\(#([a-z0-9-]+)\)", PAGE.read_text(encoding="utf-8"))
+    for anchor in internal:
+        cited.setdefault(anchor, set()).add("docs/design-decisions.md")
+    assert len(cited) >= 15, "not vacuous: code and docs cite the page"
+    unknown = {anchor: sorted(files) for anchor, files in cited.items() if anchor not in defined}
+    assert unknown == {}, f"citations of anchors the page does not define: {unknown}"
+
+
+def test_only_the_listed_files_still_cite_sources_a_reader_cannot_open() -> None:
+    grep = subprocess.run(["git", "grep", "-l", "--untracked", UNOPENABLE, "--", ".",
+                           ":!docs/"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert grep.returncode in (0, 1), grep.stderr
+    citing = set(grep.stdout.splitlines())
+    new = sorted(citing - STILL_CITING)
+    assert new == [], (f"{new} cite the design notes or a requirement document: add the fact to "
+                       "docs/design-decisions.md and cite its anchor instead")
+    repointed = sorted(STILL_CITING - citing)
+    assert repointed == [], f"{repointed} no longer cite them: delete them from STILL_CITING"
