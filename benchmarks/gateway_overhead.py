@@ -155,78 +155,53 @@ async def throughput(url: str, body: bytes, concurrency: int, seconds: float) ->
         return done, time.perf_counter() - started
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400, help="latency samples per case")
-    parser.add_argument("--seconds", type=float, default=5.0, help="throughput run per case")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=16, help="tokens the sim generates")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args()
-
-    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    model_dir = write_model_dir(workdir / "model")
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+def request_bodies(tokenizer: Tokenizer, max_tokens: int) -> dict[int, bytes]:
+    """One request body per conversation length (≈100 tokens a turn, Japanese and English)."""
     bodies: dict[int, bytes] = {}
     for turns in TURNS:
         conversation = synthetic_conversation(tokenizer, turns=turns, tokens_per_turn=100, seed=7)
         messages = [{"role": "system", "content": SYSTEM_PROMPT_EN}, *conversation]
         bodies[turns] = json.dumps(
-            {"model": "manga", "messages": messages, "max_tokens": args.max_tokens},
+            {"model": "manga", "messages": messages, "max_tokens": max_tokens},
             ensure_ascii=False,
         ).encode("utf-8")
+    return bodies
 
-    print(f"starting gateway (sim, zero latency) and bare endpoint; logs in {workdir}",
-          flush=True)
-    gateway, gateway_url = start_gateway(model_dir, workdir / "gateway.log")
-    bare, bare_url = start_bare(workdir)
-    results: dict[tuple[str, int], dict[str, float]] = {}
-    urls = {"bare": bare_url, "gateway": gateway_url}
-    pids = {"bare": bare.pid, "gateway": gateway.pid}
-    rounds = 10  # measurements alternate between the servers so background load hits both alike
-    try:
-        wait_healthy(gateway_url, gateway)
-        wait_healthy(bare_url, bare)
-        clients = {name: httpx.Client(base_url=url, timeout=30.0) for name, url in urls.items()}
-        for turns in TURNS:
-            body = bodies[turns]
-            print(f"{turns} turns ({len(body)} bytes): latency x{args.requests} per server ...",
-                  end="", flush=True)
-            samples: dict[str, list[float]] = {name: [] for name in urls}
-            cpu = dict.fromkeys(urls, 0.0)
-            for client in clients.values():
-                latency_samples(client, body, 20)  # warm caches and connections
-            for _ in range(rounds):
-                for name, client in clients.items():
-                    before = cpu_seconds(pids[name])
-                    samples[name] += latency_samples(client, body, max(1, args.requests // rounds))
-                    cpu[name] += cpu_seconds(pids[name]) - before
-            print(" throughput ...", end="", flush=True)
-            counts: dict[str, list[float]] = {name: [0, 0.0] for name in urls}
-            for _ in range(3):
-                for name, url in urls.items():
-                    done, elapsed = asyncio.run(throughput(url, body, args.concurrency,
-                                                           args.seconds / 3))
-                    counts[name][0] += done
-                    counts[name][1] += elapsed
-            for name in urls:
-                results[(name, turns)] = {
-                    "p50": statistics.median(samples[name]),
-                    "p99": percentile(samples[name], 0.99),
-                    "rps": counts[name][0] / counts[name][1],
-                    "cpu_ms": cpu[name] / len(samples[name]) * 1000,
-                }
-            print(" done", flush=True)
-        for client in clients.values():
-            client.close()
-    finally:
-        for process in (gateway, bare):
-            process.terminate()
-            process.wait(timeout=30)
 
+def measure_case(urls: dict[str, str], pids: dict[str, int], clients: dict[str, httpx.Client],
+                 body: bytes, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """p50/p99, requests/s and server CPU per request of each server for one request body.
+
+    Measurements alternate between the servers, so background load hits both alike.
+    """
+    rounds = 10
+    samples: dict[str, list[float]] = {name: [] for name in urls}
+    cpu = dict.fromkeys(urls, 0.0)
+    for client in clients.values():
+        latency_samples(client, body, 20)  # warm caches and connections
+    for _ in range(rounds):
+        for name, client in clients.items():
+            before = cpu_seconds(pids[name])
+            samples[name] += latency_samples(client, body, max(1, args.requests // rounds))
+            cpu[name] += cpu_seconds(pids[name]) - before
+    print(" throughput ...", end="", flush=True)
+    counts: dict[str, list[float]] = {name: [0, 0.0] for name in urls}
+    for _ in range(3):
+        for name, url in urls.items():
+            done, elapsed = asyncio.run(throughput(url, body, args.concurrency, args.seconds / 3))
+            counts[name][0] += done
+            counts[name][1] += elapsed
+    return {name: {"p50": statistics.median(samples[name]),
+                   "p99": percentile(samples[name], 0.99),
+                   "rps": counts[name][0] / counts[name][1],
+                   "cpu_ms": cpu[name] / len(samples[name]) * 1000} for name in urls}
+
+
+def report(results: dict[tuple[str, int], dict[str, float]], concurrency: int) -> bool:
+    """Print the table and the ratios; whether both targets were met."""
     print()
     print(f"{'server':8s} {'turns':>5s} {'p50 ms':>8s} {'p99 ms':>8s} "
-          f"{'req/s @' + str(args.concurrency):>10s} {'server CPU ms/req':>18s}")
+          f"{'req/s @' + str(concurrency):>10s} {'server CPU ms/req':>18s}")
     for turns in TURNS:
         for name in ("bare", "gateway"):
             row = results[(name, turns)]
@@ -247,9 +222,47 @@ def main() -> int:
     met_growth = growth <= 1.3
     print(f"target p50(30 turns) <= 1.5x bare: {'met' if met_overhead else 'MISSED'}")
     print(f"target p50(60 turns) <= 1.3x p50(5 turns): {'met' if met_growth else 'MISSED'}")
-    if args.check and not (met_overhead and met_growth):
-        return 1
-    return 0
+    return met_overhead and met_growth
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400, help="latency samples per case")
+    parser.add_argument("--seconds", type=float, default=5.0, help="throughput run per case")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens the sim generates")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    model_dir = write_model_dir(workdir / "model")
+    bodies = request_bodies(Tokenizer.from_file(str(model_dir / "tokenizer.json")),
+                            args.max_tokens)
+    print(f"starting gateway (sim, zero latency) and bare endpoint; logs in {workdir}",
+          flush=True)
+    gateway, gateway_url = start_gateway(model_dir, workdir / "gateway.log")
+    bare, bare_url = start_bare(workdir)
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    urls = {"bare": bare_url, "gateway": gateway_url}
+    pids = {"bare": bare.pid, "gateway": gateway.pid}
+    try:
+        wait_healthy(gateway_url, gateway)
+        wait_healthy(bare_url, bare)
+        clients = {name: httpx.Client(base_url=url, timeout=30.0) for name, url in urls.items()}
+        for turns in TURNS:
+            print(f"{turns} turns ({len(bodies[turns])} bytes): latency x{args.requests} per "
+                  "server ...", end="", flush=True)
+            case = measure_case(urls, pids, clients, bodies[turns], args)
+            results.update({(name, turns): row for name, row in case.items()})
+            print(" done", flush=True)
+        for client in clients.values():
+            client.close()
+    finally:
+        for process in (gateway, bare):
+            process.terminate()
+            process.wait(timeout=30)
+    met = report(results, args.concurrency)
+    return 1 if args.check and not met else 0
 
 
 if __name__ == "__main__":

@@ -19,19 +19,6 @@ UNOPENABLE = "FACTS[.]md\\|seed[ ]00"
 keep this line from matching itself)."""
 
 STILL_CITING: frozenset[str] = frozenset({
-    # Issue 16, the gateway and its tests (lead):
-    "containers/llm/gateway/admission.py",
-    "containers/llm/gateway/breaker.py",
-    "containers/llm/gateway/context_budget.py",
-    "containers/llm/gateway/engines/base.py",
-    "containers/llm/gateway/engines/vllm.py",
-    "containers/llm/gateway/routing.py",
-    "containers/llm/gateway/settings.py",
-    "containers/llm/gateway/supervisor.py",
-    "containers/llm/gateway/warmup.py",
-    "tests/containers/llm/test_context_budget.py",
-    "tests/containers/llm/test_settings.py",
-    "tests/containers/llm/test_vllm_contract.py",
     # Stacks, settings and configuration:
     "stacks/alarm_rules.py",
     "stacks/llm_endpoint.py",

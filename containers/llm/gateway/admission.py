@@ -1,12 +1,13 @@
 """KV-aware admission: reserve KV blocks before a request reaches the engine.
 
-KV cache ≈ concurrent sequences × context length × bytes per token (seed 002): a burst of long
-requests fills it and the engine preempts, thrashes, or (with a memory spike on top) dies. So
+KV cache ≈ concurrent sequences × context length × bytes per token
+(docs/design-decisions.md#kv-grows-with-concurrency): a burst of long requests fills it and the
+engine preempts, thrashes, or (with a memory spike on top) dies. So
 every request reserves its worst case — prompt tokens + max output tokens, rounded up to whole
 KV blocks — against the engine's *real* pool (read from the engine after it started), and only
 ``watermark`` of the pool may be reserved. Requests are also classified by that length into
 buckets S/M/L/XL, each with its own concurrency cap, so a burst of XL requests cannot take every
-slot from short ones (seed 002's request-length buckets). The buckets and their bounds are
+slot from short ones (docs/design-decisions.md#request-buckets). The buckets and their bounds are
 :mod:`request_buckets`' (fractions of ``max_model_len``), the same the GPU budget sizes and the
 dashboard draws.
 

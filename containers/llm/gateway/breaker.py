@@ -1,4 +1,6 @@
-"""The OOM circuit breaker (seed 000: "prevention is not containment").
+"""The OOM circuit breaker: prevention is not containment.
+
+docs/design-decisions.md#prevention-is-not-containment says why.
 
 An engine death or OOM *trips* the breaker; the request that saw it gets a controlled fallback
 answer instead of an error, and the process lives. The breaker then tightens admission until the

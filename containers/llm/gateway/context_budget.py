@@ -1,4 +1,7 @@
-"""The sliding-window context budget (seed 000 and user story 5 of seed 001).
+"""The sliding-window context budget.
+
+Why and with which shares: docs/design-decisions.md#sliding-window-marker and
+docs/design-decisions.md#context-split.
 
 Unbounded conversation history is what filled the KV cache and crashed GPU workers. This module
 decides, in the served model's tokens, what of a conversation goes to the engine:
@@ -105,6 +108,85 @@ class ContextPlan:
                 + self.rag_tokens + self.history_tokens + self.marker_tokens)
 
 
+def _prompt_budget(max_model_len: int, max_output_tokens: int, fixed_overhead_tokens: int,
+                   reserve_tokens: int) -> int:
+    """Tokens the prompt may use; OutputTooLong when max_tokens leaves none."""
+    if max_output_tokens < 1:
+        raise OutputTooLong(f"max_tokens must be at least 1, got {max_output_tokens}",
+                            param="max_tokens")
+    prompt_budget = max_model_len - max_output_tokens - fixed_overhead_tokens - reserve_tokens
+    if prompt_budget < 1:
+        raise OutputTooLong(
+            f"max_tokens={max_output_tokens} leaves no room for a prompt in "
+            f"max_model_len={max_model_len} (template overhead {fixed_overhead_tokens})",
+            param="max_tokens",
+        )
+    return prompt_budget
+
+
+def _check_instructions(instructions: Sequence[BudgetMessage], current: BudgetMessage, *,
+                        split: ContextSplit, max_model_len: int, max_output_tokens: int,
+                        prompt_budget: int) -> int:
+    """Tokens of the system and pinned messages; refuse them, or the current message, when
+    they cannot fit. Returns what is left after both."""
+    instruction_tokens = sum(m.tokens for m in instructions)
+    system_cap = math.floor(split.system * max_model_len)
+    if instruction_tokens > system_cap:
+        raise InstructionsTooLong(
+            f"system and pinned messages use {instruction_tokens} tokens; their share of the "
+            f"context is {system_cap} tokens (system={split.system:g} of "
+            f"max_model_len={max_model_len}); shorten them or pin fewer messages",
+            param="messages" if not any(m.pinned for m in instructions)
+            else "mangaassist.pinned_messages",
+        )
+    room_for_current = prompt_budget - instruction_tokens
+    if current.tokens > room_for_current:
+        raise CurrentMessageTooLong(
+            f"the current message needs {current.tokens} tokens but only {max(0, room_for_current)}"
+            f" fit (max_model_len={max_model_len}, max_tokens={max_output_tokens}, system and "
+            f"pinned messages {instruction_tokens}); shorten it or lower max_tokens",
+            param=f"messages[{current.position}].content",
+        )
+    return room_for_current - current.tokens
+
+
+def _partition(earlier: Sequence[BudgetMessage]
+               ) -> tuple[list[BudgetMessage], list[BudgetMessage]]:
+    """(instructions — system, developer and pinned messages, always kept —, history)."""
+    instructions: list[BudgetMessage] = []
+    history: list[BudgetMessage] = []
+    for message in earlier:
+        kept_always = message.role in INSTRUCTION_ROLES or message.pinned
+        (instructions if kept_always else history).append(message)
+    return instructions, history
+
+
+def _fit_rag(chunk_tokens: Sequence[int], overhead_tokens: int, room: int) -> tuple[int, int]:
+    """Chunks kept in rank order while they fit ``room`` (the first also pays the message's
+    overhead): (chunks kept, tokens used)."""
+    used = kept = 0
+    for tokens in chunk_tokens:
+        cost = tokens + (overhead_tokens if kept == 0 else 0)
+        if used + cost > room:
+            break
+        used += cost
+        kept += 1
+    return kept, used
+
+
+def _newest_that_fit(history: Sequence[BudgetMessage], room: int) -> list[BudgetMessage]:
+    """The newest history messages whose tokens add up to at most ``room``, oldest first."""
+    kept: list[BudgetMessage] = []
+    used = 0
+    for message in reversed(history):
+        if used + message.tokens > room:
+            break
+        used += message.tokens
+        kept.append(message)
+    kept.reverse()
+    return kept
+
+
 def plan_context(
     messages: Sequence[BudgetMessage],
     *,
@@ -129,77 +211,32 @@ def plan_context(
         raise BudgetError("messages: at least one message is required", param="messages")
     if not 0.0 < context_factor <= 1.0:
         raise ValueError(f"context_factor must be in (0, 1], got {context_factor}")
-    if max_output_tokens < 1:
-        raise OutputTooLong(f"max_tokens must be at least 1, got {max_output_tokens}",
-                            param="max_tokens")
-    prompt_budget = max_model_len - max_output_tokens - fixed_overhead_tokens - reserve_tokens
-    if prompt_budget < 1:
-        raise OutputTooLong(
-            f"max_tokens={max_output_tokens} leaves no room for a prompt in "
-            f"max_model_len={max_model_len} (template overhead {fixed_overhead_tokens})",
-            param="max_tokens",
-        )
-
+    prompt_budget = _prompt_budget(max_model_len, max_output_tokens, fixed_overhead_tokens,
+                                   reserve_tokens)
     current = messages[-1]
-    earlier = messages[:-1]
-    instructions = [m for m in earlier if m.role in INSTRUCTION_ROLES or m.pinned]
-    history = [m for m in earlier if not (m.role in INSTRUCTION_ROLES or m.pinned)]
+    instructions, history = _partition(messages[:-1])
+    remaining = _check_instructions(instructions, current, split=split,
+                                    max_model_len=max_model_len,
+                                    max_output_tokens=max_output_tokens,
+                                    prompt_budget=prompt_budget)
     instruction_tokens = sum(m.tokens for m in instructions)
 
-    system_cap = math.floor(split.system * max_model_len)
-    if instruction_tokens > system_cap:
-        raise InstructionsTooLong(
-            f"system and pinned messages use {instruction_tokens} tokens; their share of the "
-            f"context is {system_cap} tokens (system={split.system:g} of "
-            f"max_model_len={max_model_len}); shorten them or pin fewer messages",
-            param="messages" if not any(m.pinned for m in instructions)
-            else "mangaassist.pinned_messages",
-        )
-    room_for_current = prompt_budget - instruction_tokens
-    if current.tokens > room_for_current:
-        raise CurrentMessageTooLong(
-            f"the current message needs {current.tokens} tokens but only {max(0, room_for_current)}"
-            f" fit (max_model_len={max_model_len}, max_tokens={max_output_tokens}, system and "
-            f"pinned messages {instruction_tokens}); shorten it or lower max_tokens",
-            param=f"messages[{current.position}].content",
-        )
-    remaining = room_for_current - current.tokens
-
-    history_total = sum(m.tokens for m in history)
+    # Retrieved context first (within its share), keeping room for a marker should history
+    # have to be cut; then the newest history that fits its share of what is left.
     marker_reserve = marker_tokens(len(history)) if history else 0
-
-    rag_cap = math.floor(split.rag * max_model_len * context_factor)
-    rag_room = min(rag_cap, remaining - marker_reserve)
-    rag_used = 0
-    rag_kept = 0
-    for chunk_tokens in rag_chunk_tokens:
-        cost = chunk_tokens + (rag_overhead_tokens if rag_kept == 0 else 0)
-        if rag_used + cost > rag_room:
-            break
-        rag_used += cost
-        rag_kept += 1
+    rag_room = min(math.floor(split.rag * max_model_len * context_factor),
+                   remaining - marker_reserve)
+    rag_kept, rag_used = _fit_rag(rag_chunk_tokens, rag_overhead_tokens, rag_room)
     remaining -= rag_used
 
-    history_cap = math.floor(split.history * max_model_len * context_factor)
-    history_room = min(history_cap, remaining)
-    kept_history: list[BudgetMessage] = []
-    marker_cost = 0
-    if history_total <= history_room:
+    history_room = min(math.floor(split.history * max_model_len * context_factor), remaining)
+    if sum(m.tokens for m in history) <= history_room:
         kept_history = list(history)
     else:
-        marker_cost = marker_reserve
-        room = min(history_room, max(0, remaining - marker_cost))
-        used = 0
-        for message in reversed(history):
-            if used + message.tokens > room:
-                break
-            used += message.tokens
-            kept_history.append(message)
-        kept_history.reverse()
+        kept_history = _newest_that_fit(
+            history, min(history_room, max(0, remaining - marker_reserve)))
     kept_set = {m.position for m in kept_history}
     dropped = tuple(m.position for m in history if m.position not in kept_set)
-    if dropped:
-        marker_cost = marker_tokens(len(dropped))
     kept = sorted([*(m.position for m in instructions), *kept_set, current.position])
     plan = ContextPlan(
         kept_indices=tuple(kept),
@@ -214,7 +251,7 @@ def plan_context(
         current_tokens=current.tokens,
         rag_tokens=rag_used,
         history_tokens=sum(m.tokens for m in kept_history),
-        marker_tokens=marker_cost,
+        marker_tokens=marker_tokens(len(dropped)) if dropped else 0,
         fixed_overhead_tokens=fixed_overhead_tokens,
     )
     if plan.estimated_prompt_tokens + reserve_tokens > max_model_len - max_output_tokens:

@@ -1,4 +1,6 @@
-"""Which LoRA adapter (or the base model) answers a request (user story 6 of seed 001).
+"""Which LoRA adapter (or the base model) answers a request.
+
+The adapters and who gets which: docs/design-decisions.md#lora-adapters.
 
 Order of decision:
 

@@ -25,7 +25,12 @@ from gateway.admission import (
     RefusalReason,
     classify_bucket,
 )
-from gateway.api_schema import ChatCompletionRequest, ContextReport, ResponseExtension
+from gateway.api_schema import (
+    ChatCompletionRequest,
+    ContextReport,
+    MangaAssistExtension,
+    ResponseExtension,
+)
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.context_budget import BudgetError, BudgetMessage, ContextPlan, plan_context
 from gateway.engines.base import (
@@ -189,6 +194,23 @@ def _stripped(content: str) -> str:
     return content
 
 
+_NO_EXTENSION = MangaAssistExtension()
+
+
+def sampling_params(request: ChatCompletionRequest, max_output: int) -> SamplingParams:
+    """The request's sampling parameters with OpenAI's defaults filled in."""
+    stop = request.stop
+    return SamplingParams(
+        max_tokens=max_output,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        seed=request.seed,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+    )
+
+
 def language_of(locale: str | None) -> str:
     """'ja' for Japanese locales, else 'en' (the languages of our fixed texts)."""
     return "ja" if locale is not None and locale.lower().startswith("ja") else "en"
@@ -252,21 +274,11 @@ class ChatService:
         """Everything up to admission; ApiError (4xx) for anything the caller must fix."""
         gateway = self.settings.gateway
         messages = request.messages
-        extension = request.mangaassist
-        record.intent = extension.intent if extension else None
-        record.locale = extension.locale if extension else None
-        if len(messages) > gateway.max_messages:
-            raise ApiError(400, f"messages: {len(messages)} messages, at most "
-                                f"{gateway.max_messages} are accepted", param="messages")
-        last = len(messages) - 1
-        if messages[last].role != "user":
-            raise ApiError(400, f"messages[{last}].role: the last message must be the user's "
-                                f"current message, got {messages[last].role!r}",
-                           param=f"messages[{last}].role")
-        if not messages[last].content.strip():
-            raise ApiError(400, f"messages[{last}].content: the current message is empty",
-                           param=f"messages[{last}].content")
-        pinned = self._pinned(extension.pinned_messages if extension else [], last)
+        extension = request.mangaassist or _NO_EXTENSION
+        record.intent = extension.intent
+        record.locale = extension.locale
+        last = self._check_messages(request)
+        pinned = self._pinned(extension.pinned_messages, last)
 
         try:
             route = self.router.resolve(request.model, record.intent, record.locale)
@@ -286,8 +298,7 @@ class ChatService:
         for message in messages:
             roles.append("system" if message.role == "developer" else message.role)
             contents.append(_stripped(message.content))
-        rag_lines = [f"- {chunk.strip()}" for chunk in (extension.rag_context if extension else [])
-                     if chunk.strip()]
+        rag_lines = [f"- {chunk.strip()}" for chunk in extension.rag_context if chunk.strip()]
         ids = self.tokenizer.content_ids(contents + rag_lines)
         overhead = self._role_overhead
         budget_messages = [BudgetMessage(index, role, len(ids[index]) + overhead[role],
@@ -304,23 +315,31 @@ class ChatService:
         record.dropped_turns = plan.dropped_turns
         record.rag_chunks_dropped = plan.rag_chunks_dropped
         language = language_of(record.locale)
-        stop = request.stop
-        params = SamplingParams(
-            max_tokens=max_output,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
-            seed=request.seed,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-        )
         return PreparedChat(
-            request=request, record=record, route=route, params=params, plan=plan,
+            request=request, record=record, route=route,
+            params=sampling_params(request, max_output), plan=plan,
             prompt=prompt, turns=turns, bucket=bucket, breaker_state=breaker_state,
             context_factor=context_factor, language=language, reserved_tokens=reserved,
             extension=self._extension(route, bucket, breaker_state, plan, prompt,
                                       context_factor, language),
         )
+
+    def _check_messages(self, request: ChatCompletionRequest) -> int:
+        """Refuse what no window can fix; the index of the current (last) message."""
+        messages = request.messages
+        limit = self.settings.gateway.max_messages
+        if len(messages) > limit:
+            raise ApiError(400, f"messages: {len(messages)} messages, at most {limit} are "
+                                "accepted", param="messages")
+        last = len(messages) - 1
+        if messages[last].role != "user":
+            raise ApiError(400, f"messages[{last}].role: the last message must be the user's "
+                                f"current message, got {messages[last].role!r}",
+                           param=f"messages[{last}].role")
+        if not messages[last].content.strip():
+            raise ApiError(400, f"messages[{last}].content: the current message is empty",
+                           param=f"messages[{last}].content")
+        return last
 
     def _pinned(self, indices: Sequence[int], last: int) -> set[int]:
         pinned: set[int] = set()

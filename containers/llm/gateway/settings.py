@@ -87,7 +87,8 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     # --- context budget ---------------------------------------------------------------------------
     SettingSpec("GATEWAY_CONTEXT_SPLIT", "system=0.125,rag=0.25,history=0.5,output=0.125",
                 "Shares of ENGINE_MAX_MODEL_LEN for system+pinned messages, RAG context, history "
-                "and the default max output (seed 001: 512/1024/2048/512 of 4096)."),
+                "and the default max output (512/1024/2048/512 of 4096, "
+                "docs/design-decisions.md#context-split)."),
     SettingSpec("GATEWAY_TOKEN_CACHE_MAX_TOKENS", "2000000",
                 "Bound of the per-message token cache, in cached tokens (LRU)."),
     SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),

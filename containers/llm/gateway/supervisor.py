@@ -1,7 +1,8 @@
 """Owns the engine: starts it, notices its death, rebuilds it with bounded retries and backoff.
 
 vLLM's engine is fail-stop: after a CUDA OOM its engine-core process is gone and nothing in vLLM
-restarts it (FACTS.md). The gateway therefore keeps the engine in a slot it supervises. A death
+restarts it (docs/design-decisions.md#vllm-engine-death). The gateway therefore keeps the
+engine in a slot it supervises. A death
 is noticed either by a request (its generate raised EngineDead) or by a light watcher that polls
 ``engine.is_dead``; the first report for an engine generation wins, later ones are ignored, so
 a death that fails 64 in-flight requests counts as one trip. The rebuild shuts the dead engine

@@ -1,13 +1,13 @@
 """Warmup: representative requests through the full HTTP path before /ping turns green.
 
-SageMaker must not route users to a cold instance (seed 001, user story 3). After the engine
-has started, the gateway sends, through its own ASGI app (validation, routing, context budget,
-admission, engine, response formatting — everything but the socket): a short, a medium and a long
-conversation for the base model and for every adapter, one request routed by intent and locale,
-and one streaming request. The long one overflows the history budget, so the sliding window and
-its marker run too. Only when every answer is a 200 that is not a fallback does /ping say
-healthy. Warmup requests carry a per-process secret header so they are logged but not counted in
-the request metrics.
+SageMaker must not route users to a cold instance (docs/design-decisions.md#cold-start-gate).
+After the engine has started, the gateway sends, through its own ASGI app (validation, routing,
+context budget, admission, engine, response formatting — everything but the socket): a short, a
+medium and a long conversation for the base model and for every adapter, one request routed by
+intent and locale, and one streaming request. The long one overflows the history budget, so the
+sliding window and its marker run too. Only when every answer is a 200 that is not a fallback
+does /ping say healthy. Warmup requests carry a per-process secret header so they are logged but
+not counted in the request metrics.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from gateway.context_budget import (
 )
 from gateway.settings import ContextSplit
 
-SPLIT = ContextSplit(system=0.125, rag=0.25, history=0.5, output=0.125)  # seed 001 for 4096
+SPLIT = ContextSplit(system=0.125, rag=0.25, history=0.5, output=0.125)  # docs/design-decisions.md#context-split
 
 
 def marker(count: int) -> int:

@@ -19,7 +19,7 @@ def test_defaults_are_valid_and_match_the_seed_split() -> None:
     split = settings.gateway.context_split
     window = settings.engine.max_model_len
     assert (split.system * window, split.rag * window, split.history * window,
-            split.output * window) == (512, 1024, 2048, 512)  # seed 001: 512/1024/2048/512 of 4096
+            split.output * window) == (512, 1024, 2048, 512)  # docs/design-decisions.md#context-split
     assert settings.adapter_names() == ("manga", "support", "manga-ja")
     assert settings.gateway.routing_table["order_tracking"] == "support"
     assert settings.gateway.locale_routes == {("ja-JP", "manga"): "manga-ja"}

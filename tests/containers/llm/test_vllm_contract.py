@@ -131,7 +131,7 @@ def check_engine_args(names: set[str], vllm_source: dict[str, ast.Module]) -> No
 def test_the_wheel_really_has_engine_args(vllm_source: dict[str, ast.Module]) -> None:
     names = engine_arg_names(vllm_source)
     assert {"max_model_len", "gpu_memory_utilization", "max_loras"} <= names
-    assert not set(REMOVED_ENGINE_ARGS) & names, "FACTS.md: these were removed in 0.33"
+    assert not set(REMOVED_ENGINE_ARGS) & names, "removed in 0.33: docs/design-decisions.md#vllm-engine-args"
 
 
 def test_every_argument_the_adapter_sets_exists(vllm_source: dict[str, ast.Module]) -> None:

@@ -2,7 +2,7 @@
 
 Two engines implement it: the simulated PagedAttention engine (:mod:`gateway.engines.sim`, for
 tests, benchmarks and ``make local``) and, in its own issue, the vLLM ``AsyncLLM`` adapter. The
-interface mirrors what that adapter offers (FACTS.md, vLLM 0.33):
+interface mirrors what that adapter offers (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
 
 * ``start()`` builds the engine; ``kv_capacity()`` then reports the KV pool it really got
   (vLLM: ``cache_config.num_gpu_blocks`` × ``block_size``), which admission is sized from.

@@ -1,6 +1,6 @@
 """The vLLM 0.33 engine behind the gateway: ``AsyncLLM`` in this process, its core in a child.
 
-What this adapter owns (FACTS.md, vLLM 0.33):
+What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
 
 * **Engine arguments** — ``AsyncEngineArgs`` from the container's ``ENGINE_*`` settings (the GPU
   budget's plan, set by the stack), with the model directory SageMaker unpacked to.
