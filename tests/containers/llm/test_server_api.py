@@ -236,8 +236,12 @@ def test_every_request_line_is_valid_emf(gateway: GatewayProcess) -> None:
         assert document["EndpointName"] == "test-endpoint"
     assert any(line.get("Requests") == 1.0 for line in counted)
     assert any(line.get("ClientErrors") == 1.0 for line in counted)
+    deadline = time.monotonic() + 5.0  # GATEWAY_METRICS_INTERVAL_S=1 in the harness
     gauges = [line for line in gateway.emf() if line.get("event") == "gauges"]
-    assert gauges  # GATEWAY_METRICS_INTERVAL_S=1 in the harness
+    while not gauges and time.monotonic() < deadline:
+        time.sleep(0.1)
+        gauges = [line for line in gateway.emf() if line.get("event") == "gauges"]
+    assert gauges
     for document in gauges:
         assert_valid_emf(document)
         assert 0.0 <= document["KVCacheUsage"] <= 100.0
