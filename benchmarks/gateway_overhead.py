@@ -41,7 +41,8 @@ sys.path[:0] = [str(REPO), str(LLM_DIR)]
 
 from tokenizers import Tokenizer  # noqa: E402
 
-from gateway.demo_model import SYSTEM_PROMPT_EN, synthetic_conversation, write_model_dir  # noqa: E402
+from gateway.demo_model import synthetic_conversation, write_model_dir  # noqa: E402
+from prompts import SYSTEM_PROMPT_EN  # noqa: E402
 
 TURNS = (5, 30, 60)
 JSON_HEADERS = {"content-type": "application/json"}

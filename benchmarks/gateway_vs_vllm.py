@@ -39,7 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
 
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
 from tools.cpu_engine import (  # noqa: E402
     VLLM_PYTHON,
     EngineConfig,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, TypedDict
 
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
+from prompts import MANGAASSIST_SYSTEM_PROMPT
 
 Language = Literal["ja", "en"]
 SUPPORTED_LANGUAGES: tuple[Language, ...] = ("ja", "en")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from prompts import MANGAASSIST_SYSTEM_PROMPT
 from quantization.calibration import ChatMessage, DatasetError, parse_jsonl_objects
 from quantization.checkpoint import CheckpointError, measure_checkpoint_weights
 from quantization.gate import (
@@ -40,7 +41,6 @@ from quantization.scoring import (
     load_title_catalog,
     score_responses,
 )
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_EVAL_SET = DATA_DIR / "eval_set.jsonl"

@@ -15,7 +15,7 @@ A hallucinated title is a title the answer presents as one — in 『』 or 《�
 as the bold/italic head of a list item, or as the English gloss in parentheses after a
 Japanese title — that matches no name in the known-title catalogue (volume numbers and edition
 words such as 完全版 or "Omnibus" after a known title are fine). The production system prompt
-asks for exactly those marks (:mod:`quantization.system_prompt`), so a model that follows it
+asks for exactly those marks (:mod:`prompts`), so a model that follows it
 exposes every title it names to this check. Names that are not titles (magazines, publishers,
 editions) are listed in the catalogue's ``other_names`` and never count.
 

@@ -34,8 +34,7 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "request_buckets",
     "serving_contract",
     "intents",
-    "quantization/__init__.py",
-    "quantization/system_prompt.py",
+    "prompts",
 )
 """What the LLM image's build context holds (repo-relative); everything else is excluded."""
 

@@ -26,7 +26,7 @@ from stacks.container_image import repo_image_asset
 from stacks.nag import acknowledge
 from stacks.network import ModelNetwork
 
-QUANTIZE_IMAGE_SOURCES: tuple[str, ...] = ("containers/quantize", "quantization")
+QUANTIZE_IMAGE_SOURCES: tuple[str, ...] = ("containers/quantize", "quantization", "prompts")
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 

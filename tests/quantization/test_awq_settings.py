@@ -85,7 +85,7 @@ def test_pure_modules_and_the_clis_import_no_ml_library() -> None:
 
     script = (
         "import sys\n"
-        "import quantization.system_prompt, quantization.calibration, quantization.scoring\n"
+        "import prompts, quantization.calibration, quantization.scoring\n"
         "import quantization.gate, quantization.checkpoint, quantization.evaluate, quantization.awq\n"
         "heavy = {'torch', 'transformers', 'llmcompressor', 'awq', 'vllm', 'datasets'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from prompts import MANGAASSIST_SYSTEM_PROMPT
 from quantization.calibration import (
     CalibrationSettings,
     DatasetError,
@@ -20,7 +21,6 @@ from quantization.calibration import (
 )
 from quantization.chat_tokenizer import HuggingFaceChatTokenizer
 from quantization.scoring import TitleCatalog, find_hallucinated_titles
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
 
 
 def _line(**fields: object) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from prompts import MANGAASSIST_SYSTEM_PROMPT
 from quantization.calibration import ChatMessage
 from quantization.evaluate import (
     PerConversationGenerator,
@@ -20,7 +21,6 @@ from quantization.evaluate import (
 )
 from quantization.gate import GateReport, GateThresholds, MemoryFigures, render_markdown
 from quantization.scoring import EvalItem, TitleCatalog
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALLER = MemoryFigures(baseline_bytes=16_060_000_000, quantized_bytes=5_730_000_000)  # −64 %

@@ -18,9 +18,8 @@ from typing import Any
 
 import httpx
 
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
 from gateway.settings import Settings
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, MANGAASSIST_SYSTEM_PROMPT, SYSTEM_PROMPT_EN
 
 LogCallback = Callable[..., None]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from gateway.demo_model import SYSTEM_PROMPT_JA, synthetic_conversation
+from gateway.demo_model import synthetic_conversation
 from gateway.service import MARKER_TEMPLATE, ApiError
 from gateway.tokenizer import ChatTokenizer, ChatTurn
+from prompts import SYSTEM_PROMPT_JA
 from tests.containers.llm.harness import chat_request, new_record
 
 PREFERENCE = "好きなジャンルはダークファンタジーです。I never want romance recommendations."

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
 from tests.containers.llm.harness import GatewayProcess
 from tests.containers.llm.test_telemetry import assert_valid_emf
 

@@ -62,8 +62,8 @@ def copied_paths() -> set[str]:
 
 def first_party_imports(folder: Path) -> set[str]:
     """Top-level or dotted first-party modules the gateway imports."""
-    first_party = {"gpu_budget", "metrics_contract", "request_buckets", "intents", "quantization",
-                   "artifact_manifest", "serving_contract"}
+    first_party = {"gpu_budget", "metrics_contract", "request_buckets", "intents", "prompts",
+                   "quantization", "artifact_manifest", "serving_contract"}
     found: set[str] = set()
     for path in [*folder.rglob("*.py"), LLM / "serve"]:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.demo_model import SYSTEM_PROMPT_EN, synthetic_conversation
+from gateway.demo_model import synthetic_conversation
 from gateway.tokenizer import ChatTokenizer
+from prompts import SYSTEM_PROMPT_EN
 from tests.containers.llm.harness import GatewayProcess
 from tests.containers.llm.test_telemetry import assert_valid_emf
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.harness import GatewayProcess
 
 REQUESTS = 10_000

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo_model import SYSTEM_PROMPT_JA, synthetic_conversation
+from gateway.demo_model import synthetic_conversation
 from gateway.tokenizer import (
     ChatTemplateError,
     ChatTokenizer,
@@ -16,6 +16,7 @@ from gateway.tokenizer import (
     ModelDirError,
     TokenCache,
 )
+from prompts import SYSTEM_PROMPT_JA
 
 
 def turns_of(messages: list[dict[str, str]]) -> list[ChatTurn]:

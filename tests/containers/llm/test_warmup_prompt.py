@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.demo_model import SYSTEM_PROMPT_EN
 from gateway.warmup import warmup_requests
-from quantization.system_prompt import MANGAASSIST_SYSTEM_PROMPT
+from prompts import MANGAASSIST_SYSTEM_PROMPT, SYSTEM_PROMPT_EN
 
 
 def system_prompts(runtime: Any) -> set[str]:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import metrics_contract as mc
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.engine.conftest import Servers, emf_values
 from tools.cpu_engine import EngineConfig, ServerProcess
 

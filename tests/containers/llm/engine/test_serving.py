@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.demo_model import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from gpu_budget import compare_engine_report, kv_pool_tokens, load_model_spec
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.engine.conftest import ADAPTERS, Servers
 from tools.cpu_engine import RUNTIME_ENV, EngineConfig, Served, ServerProcess
 
