@@ -25,7 +25,7 @@ STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_s
 PREFLIGHT ?= $(PY) -m tools.preflight
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
+.PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -80,8 +80,11 @@ synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline 
 	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
-simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
-	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --plot-dir docs/img
+simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img
+	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --spike-env prod --plot-dir docs/img
+
+cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png)
+	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
 local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
 	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))
