@@ -103,13 +103,22 @@ def test_high_resolution_concurrency_tracking_as_application_auto_scaling_accept
     assert config["TargetValue"] == round(capacity.instance.concurrency
                                           / (1 + capacity.fleet.headroom), 1)
     assert 0 < config["TargetValue"] < capacity.instance.concurrency
-    # Both policies act on the one scalable target of the variant ("ScalingTargetId").
+    # Both policies act on the one scalable target of the variant ("ScalingTargetId"), each on a
+    # different metric: Application Auto Scaling User Guide, "Target tracking scaling policies
+    # for Application Auto Scaling"
+    # (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-target-tracking.html):
+    # several target-tracking policies per scalable target are allowed "provided that each of
+    # them uses a different metric", and the one giving the largest capacity wins for scale-out
+    # and scale-in alike (the simulator's rule, tools/scaling_sim/engine.py _voters).
     policies = [r["Properties"] for k, r in prod["Resources"].items()
                 if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
                 and k.startswith("LlmScaling") and r["Properties"]["PolicyType"] ==
                 "TargetTrackingScaling"]
     assert len(policies) == 2
     assert len({json.dumps(p["ScalingTargetId"]) for p in policies}) == 1
+    metrics = [p["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"]
+               ["PredefinedMetricType"] for p in policies]
+    assert len(set(metrics)) == len(metrics)
 
 
 def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:

@@ -338,10 +338,13 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
 
 def _voters(invocation: Sequence[TargetTrackingPolicy],
             concurrency: Sequence[TargetTrackingPolicy]) -> int:
-    """Target-tracking policies that may scale in. With several, Application Auto Scaling
-    "scales out if any of the target tracking policies are ready to scale out, but scales in
-    only if all of the target tracking policies (with the scale-in portion enabled) are ready to
-    scale in" (Application Auto Scaling User Guide, target tracking: multiple policies)."""
+    """Target-tracking policies that may scale in. A scalable target may carry several
+    target-tracking policies, each on a different metric, and Application Auto Scaling "scales
+    based on the policy that provides the largest capacity for both scale in and scale out"
+    (Application Auto Scaling User Guide, "Target tracking scaling policies for Application Auto
+    Scaling", https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-target-tracking.html):
+    any policy may scale out, and capacity comes down only when every policy whose scale-in is
+    enabled asks for less."""
     return sum(1 for p in (*invocation, *concurrency) if not p.disable_scale_in)
 
 
