@@ -25,7 +25,7 @@ STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_s
 PREFLIGHT ?= $(PY) -m tools.preflight
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
+.PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -80,8 +80,11 @@ synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline 
 	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
-simulate: synth ## replay the traffic traces through Prod's scaling policies as synthesized; plots to docs/img
-	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --plot-dir docs/img
+simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img
+	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --spike-env prod --plot-dir docs/img
+
+cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png)
+	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
 local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
 	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))
@@ -103,7 +106,7 @@ lint: setup ## ruff; the complexity gate (radon, no function above 20); actionli
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code
-	$(VENV)/bin/mypy app.py stacks tools metrics_contract request_buckets serving_contract prompts intents artifact_manifest gpu_budget release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
+	$(VENV)/bin/mypy app.py stacks tools metrics_contract request_buckets serving_contract prompts intents artifact_manifest gpu_budget capacity_model release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
 test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest

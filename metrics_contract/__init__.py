@@ -105,6 +105,10 @@ QUEUE_WAIT = MetricSpec("QueueWait", Unit.MILLISECONDS,
                         Emitter.GATEWAY)
 TIME_TO_FIRST_TOKEN = MetricSpec("TimeToFirstToken", Unit.MILLISECONDS,
                                  "From admission to the first generated token.", Emitter.GATEWAY)
+TIME_PER_OUTPUT_TOKEN = MetricSpec(
+    "TimePerOutputToken", Unit.MILLISECONDS,
+    "The stream's pace: from the first to the last generated token, divided by the tokens after "
+    "the first (requests that generated at least two tokens).", Emitter.GATEWAY)
 REQUEST_LATENCY = MetricSpec("RequestLatency", Unit.MILLISECONDS,
                              "Whole request inside the gateway, validation to last byte.",
                              Emitter.GATEWAY)

@@ -11,6 +11,19 @@
 # makes a random rank-8 LoRA adapter for it with peft, starts `serve --engine vllm`, waits for
 # /ping to turn 200 (warmup included), then checks: a multi-turn conversation, a request routed
 # to the adapter, a streaming request, and the gateway's KV report. Exit 0 only if all pass.
+#
+# Then it measures the decode-speed curve the capacity model sizes the fleet with
+# (tools/decode_bench.py: time to first token and time per output token, p50 and p99, at each of
+# DECODE_BATCH_SIZES streamed requests in flight) and writes it into config/decode_speed.json
+# (DECODE_TABLE), replacing the estimate of the same key. To measure production's profile, serve
+# its checkpoint with its engine settings and name its key:
+#
+#   MODEL_DIR=/models/llama-3-8b-instruct-w4a16 ENGINE_MAX_NUM_SEQS=88 ENGINE_QUANTIZATION=compressed-tensors \
+#   DECODE_KEY="NVIDIA A10G|llama-3-8b-instruct|w4a16 int4 g128|auto" DECODE_BATCH_SIZES=1,8,16,32,48,64,88 \
+#   scripts/gpu-smoke.sh
+#
+# (the key is `python -m capacity_model plan --env prod`'s "Decode speed" line). DECODE_WRITE=0
+# prints the profile instead of writing it.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -60,9 +73,16 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export GATEWAY_ENGINE=vllm GATEWAY_MODEL_DIR="$model_dir" GATEWAY_SERVED_MODEL_NAME=smoke-base
 export GATEWAY_ADAPTERS="smoke=smoke" GATEWAY_ROUTING_TABLE="recommendation=smoke"
 export GATEWAY_LOCALE_ROUTES="" GATEWAY_METRICS_ENDPOINT_NAME=gpu-smoke
-export ENGINE_MAX_MODEL_LEN=4096 ENGINE_GPU_MEMORY_UTILIZATION=0.80 ENGINE_MAX_NUM_SEQS=32
-export ENGINE_MAX_NUM_BATCHED_TOKENS=2048 ENGINE_ENABLE_LORA=true ENGINE_MAX_LORAS=1
-export ENGINE_MAX_LORA_RANK=8 ENGINE_DTYPE=auto ENGINE_QUANTIZATION=""
+# Defaults for the small public model; any of them may be given in the environment instead.
+export ENGINE_MAX_MODEL_LEN="${ENGINE_MAX_MODEL_LEN:-4096}"
+export ENGINE_GPU_MEMORY_UTILIZATION="${ENGINE_GPU_MEMORY_UTILIZATION:-0.80}"
+export ENGINE_MAX_NUM_SEQS="${ENGINE_MAX_NUM_SEQS:-32}"
+export ENGINE_MAX_NUM_BATCHED_TOKENS="${ENGINE_MAX_NUM_BATCHED_TOKENS:-2048}"
+export ENGINE_ENABLE_LORA=true ENGINE_MAX_LORAS=1 ENGINE_MAX_LORA_RANK=8
+export ENGINE_DTYPE="${ENGINE_DTYPE:-auto}" ENGINE_QUANTIZATION="${ENGINE_QUANTIZATION:-}"
+export ENGINE_KV_CACHE_DTYPE="${ENGINE_KV_CACHE_DTYPE:-auto}"
+# The gateway's own caps must not hide the engine's batching while measuring.
+export GATEWAY_BUCKET_CAPS="S=${ENGINE_MAX_NUM_SEQS},M=${ENGINE_MAX_NUM_SEQS},L=${ENGINE_MAX_NUM_SEQS},XL=${ENGINE_MAX_NUM_SEQS}"
 
 log_file="$work/serve.log"
 log "starting serve --engine vllm on :$port (log: $log_file)"
@@ -103,4 +123,23 @@ echo "$stream" | grep -q '^data: \[DONE\]' || fail "stream did not end with [DON
 
 log "KV pool the engine reported vs the gateway's admission"
 grep -E '"(engine_ready|kv_capacity_vs_plan)"' "$log_file" | tail -n 2 >&2 || true
+
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
+quantization="$("$venv_python" - "$model_dir" <<'PY'
+import json, sys
+config = json.load(open(f"{sys.argv[1]}/config.json"))
+quant = config.get("quantization_config") or {}
+print(f"{quant.get('quant_method', 'quantized')} {quant.get('bits', '')}".strip() if quant else
+      {"float16": "fp16"}.get(config.get("torch_dtype"), "bf16"))
+PY
+)"
+decode_key="${DECODE_KEY:-$gpu_name|$(basename "${MODEL_DIR:-$model_id}")|$quantization|$ENGINE_KV_CACHE_DTYPE}"
+decode_table="${DECODE_TABLE:-$here/config/decode_speed.json}"
+log "decode speed for $decode_key at batch sizes ${DECODE_BATCH_SIZES:-1,4,16,32}"
+bench_args=(--url "http://127.0.0.1:$port" --key "$decode_key"
+  --batch-sizes "${DECODE_BATCH_SIZES:-1,4,16,32}"
+  --prompt-tokens "${DECODE_PROMPT_TOKENS:-900}" --output-tokens "${DECODE_OUTPUT_TOKENS:-190}")
+if [ "${DECODE_WRITE:-1}" = 1 ]; then bench_args+=(--write "$decode_table"); fi
+(cd "$here" && "$venv_python" -m tools.decode_bench "${bench_args[@]}") \
+  || fail "decode-speed measurement failed"
 log "PASS"

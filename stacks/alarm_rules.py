@@ -3,6 +3,12 @@
 Seed 002's lesson is to watch GPU memory, queue depth and time to first token together; seed
 000's, that every circuit-breaker trip emits a metric someone sees. The thresholds come from
 settings (``llm.alarms``, ``intent.alarms``); the rules' shape lives here.
+
+What pages for the LLM is what its users feel: time to first token and the stream's pace (time
+per output token), both p99 against the SLOs the capacity model sizes the fleet for. SageMaker's
+``ModelLatency`` is a whole non-streamed generation of up to ``max_tokens`` tokens — seconds by
+design under batching — so it stays on the dashboard and pages only for the intent classifier,
+whose answer is one forward pass.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 from aws_cdk import aws_cloudwatch as cloudwatch
 
 import metrics_contract as mc
+from request_buckets import BUCKET_NAMES
 from stacks.alarms import AlarmRule, MathInput
 from stacks.settings import EndpointAlarmSettings
 
@@ -20,7 +27,8 @@ NOT_BREACHING = cloudwatch.TreatMissingData.NOT_BREACHING
 BREACHING = cloudwatch.TreatMissingData.BREACHING
 MISSING = cloudwatch.TreatMissingData.MISSING
 
-ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "oom-circuit-trips", "model-latency-p99")
+ROLLBACK_RULES: tuple[str, ...] = (
+    "invocation-5xx", "oom-circuit-trips", "time-to-first-token-p99", "time-per-output-token-p99")
 """Alarms that roll a blue/green deployment of the LLM endpoint back."""
 
 INTENT_ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "model-latency-p99")
@@ -31,6 +39,8 @@ INSTANCE_COUNT_EXPRESSION = "IF(perinstance > 0, invocations / perinstance, 0)"
 
 MAX_IN_FORCE_ID = "maxinforce"
 """Expression id of the published maximum in force (``MaxCapacityInForce``)."""
+MIN_IN_FORCE_ID = "mininforce"
+"""Expression id of the published minimum in force (``MinCapacityInForce``)."""
 
 
 def max_in_force_expression(fallback_max_capacity: int) -> str:
@@ -101,8 +111,8 @@ def capacity_limits_missing_rule() -> AlarmRule:
 
 
 def common_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[AlarmRule]:
-    """Rules every SageMaker endpoint gets: 5xx, latency p99, capacity pinned at the maximum
-    in force, and the warning that the maximum in force is unknown."""
+    """Rules every SageMaker endpoint gets: 5xx, capacity pinned at the maximum in force, and the
+    warning that the maximum in force is unknown."""
     return [
         AlarmRule(
             name="invocation-5xx",
@@ -120,32 +130,118 @@ def common_rules(settings: EndpointAlarmSettings, *, max_capacity: int) -> list[
             "grace, or an instance SageMaker is replacing.",
             runbook="engine-restarts.md",
         ),
+        capacity_pinned_rule(max_capacity=max_capacity, minutes=settings.pinned_at_max_minutes),
+        capacity_limits_missing_rule(),
+    ]
+
+
+def model_latency_rule(settings: EndpointAlarmSettings) -> AlarmRule:
+    """ModelLatency p99 over the SLA: pages for the intent classifier (one forward pass)."""
+    return AlarmRule(
+        name="model-latency-p99",
+        metric=mc.SM_MODEL_LATENCY,
+        statistic="p99",
+        threshold=settings.latency_p99_sla_ms * 1000,  # SageMaker reports microseconds
+        comparison=GT,
+        period_s=60,
+        evaluation_periods=5,
+        datapoints_to_alarm=3,
+        missing_data=NOT_BREACHING,
+        severity="page",
+        meaning=f"ModelLatency p99 was above the {settings.latency_p99_sla_ms} ms SLA in 3 "
+        "of the last 5 minutes.",
+        runbook="scaling-pinned-at-max.md",
+    )
+
+
+def latency_slo_rules(settings: EndpointAlarmSettings) -> list[AlarmRule]:
+    """The LLM's paging and rollback latency alarms: first token and stream pace, p99."""
+    return [
         AlarmRule(
-            name="model-latency-p99",
-            metric=mc.SM_MODEL_LATENCY,
+            name="time-to-first-token-p99",
+            metric=mc.TIME_TO_FIRST_TOKEN,
             statistic="p99",
-            threshold=settings.latency_p99_sla_ms * 1000,  # SageMaker reports microseconds
+            threshold=settings.time_to_first_token_p99_ms,
+            comparison=GT,
+            period_s=60,
+            evaluation_periods=5,
+            datapoints_to_alarm=3,
+            missing_data=NOT_BREACHING,  # no requests, nothing to feel
+            severity="page",
+            meaning=f"Time to first token p99 was above {settings.time_to_first_token_p99_ms:g} "
+            "ms in 3 of the last 5 minutes: users wait before the answer starts (the SLO the "
+            "capacity model sizes each instance for; llm.alarms.time_to_first_token_p99_ms "
+            "says why that number).",
+            runbook="latency-slo.md",
+        ),
+        AlarmRule(
+            name="time-per-output-token-p99",
+            metric=mc.TIME_PER_OUTPUT_TOKEN,
+            statistic="p99",
+            threshold=settings.time_per_output_token_p99_ms,
             comparison=GT,
             period_s=60,
             evaluation_periods=5,
             datapoints_to_alarm=3,
             missing_data=NOT_BREACHING,
             severity="page",
-            meaning=f"ModelLatency p99 was above the {settings.latency_p99_sla_ms} ms SLA in 3 "
-            "of the last 5 minutes.",
-            runbook="oom-diagnosis.md",
+            meaning=f"Time per output token p99 was above "
+            f"{settings.time_per_output_token_p99_ms:g} ms in 3 of the last 5 minutes: the "
+            "stream is slower than users read (too many requests batched per GPU, or a slow "
+            "engine).",
+            runbook="latency-slo.md",
         ),
-        capacity_pinned_rule(max_capacity=max_capacity, minutes=settings.pinned_at_max_minutes),
-        capacity_limits_missing_rule(),
     ]
 
 
+REJECTION_INPUT_IDS: dict[str, str] = {name: f"shed{name.lower()}" for name in BUCKET_NAMES}
+"""Expression ids of ``AdmissionRejections`` per bucket (metric math ids start lower-case)."""
+
+
+def release_window_rejections_rule(settings: EndpointAlarmSettings, *,
+                                   daily_minimum: int) -> AlarmRule:
+    """The gateway's 429s while a release pre-scale is in force (seed 001: zero 429s in release
+    windows), as a share of all invocations.
+
+    A release window is when the minimum in force (``MinCapacityInForce``, published by the
+    scaling-limits Lambda) is above every daily floor: only a release pre-scale (or an operator)
+    raises it there. A pre-scale no higher than the daily floor is not told apart — its window
+    needs no more capacity than the day, and ``capacity-pinned-at-max`` still watches it.
+    """
+    shed = " + ".join(f"FILL({key}, 0)" for key in REJECTION_INPUT_IDS.values())
+    return AlarmRule(
+        name="release-window-rejections",
+        expression=(f"IF(FILL({MIN_IN_FORCE_ID}, 0) > {daily_minimum}, "
+                    f"100 * ({shed}) / invocations, 0)"),
+        inputs={
+            **{key: MathInput(mc.ADMISSION_REJECTIONS, "Sum", {"Bucket": bucket})
+               for bucket, key in REJECTION_INPUT_IDS.items()},
+            "invocations": MathInput(mc.SM_INVOCATIONS, "Sum"),
+            MIN_IN_FORCE_ID: MathInput(mc.MIN_CAPACITY_IN_FORCE, "Maximum"),
+        },
+        threshold=settings.release_window_rejection_percent,
+        comparison=GT,
+        period_s=300,
+        evaluation_periods=1,
+        datapoints_to_alarm=1,
+        missing_data=NOT_BREACHING,  # no invocations: nothing was shed
+        severity="ticket",
+        meaning=f"During a release window (minimum in force above the daily floors' "
+        f"{daily_minimum}) the gateway shed more than "
+        f"{settings.release_window_rejection_percent:g} % of requests with 429 in 5 minutes: "
+        "the pre-scale was too small for the release (seed 001 wants none).",
+        runbook="release-window-rejections.md",
+    )
+
+
 def llm_alarm_rules(
-    settings: EndpointAlarmSettings, *, gpu_count: int, max_capacity: int
+    settings: EndpointAlarmSettings, *, gpu_count: int, max_capacity: int, daily_minimum: int
 ) -> list[AlarmRule]:
     """Every alarm of the vLLM endpoint."""
     return [
         *common_rules(settings, max_capacity=max_capacity),
+        *latency_slo_rules(settings),
+        release_window_rejections_rule(settings, daily_minimum=daily_minimum),
         AlarmRule(
             name="oom-circuit-trips",
             metric=mc.OOM_CIRCUIT_TRIPS,
@@ -249,6 +345,7 @@ def intent_alarm_rules(settings: EndpointAlarmSettings, *, max_capacity: int) ->
     """Every alarm of the intent classifier endpoint."""
     return [
         *common_rules(settings, max_capacity=max_capacity),
+        model_latency_rule(settings),
         AlarmRule(
             name="intent-latency-p99",
             metric=mc.INTENT_LATENCY,

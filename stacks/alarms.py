@@ -4,7 +4,8 @@ An :class:`AlarmRule` says what one alarm watches (a contract metric, or a metri
 expression over contract metrics), when it fires, how missing data is read, how loud it is and
 which runbook answers it. :class:`EndpointAlarms` turns a list of rules into CloudWatch alarms for
 one endpoint variant: "page" rules feed one composite alarm per endpoint, which notifies the
-alarm topic; "warn" rules notify the topic directly.
+alarm topic; "warn" and "ticket" rules notify the topic directly ("ticket": worked as a ticket in
+business hours, never urgent).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from metrics_contract import MetricSpec, metric
 RUNBOOK_BASE_URL = "https://github.com/manga-assist/gpu-inference-platform/blob/main/docs/runbooks"
 """Where runbook links in alarm descriptions point: this repository's docs/runbooks/."""
 
-Severity = Literal["page", "warn"]
+Severity = Literal["page", "warn", "ticket"]
 
 
 def contract_metric(
@@ -65,10 +66,15 @@ def contract_metric(
 
 @dataclass(frozen=True)
 class MathInput:
-    """One metric of a metric-math expression, under its expression id."""
+    """One metric of a metric-math expression, under its expression id.
+
+    ``dimensions`` fixes dimensions the alarm's own set lacks (the ``Bucket`` of
+    ``AdmissionRejections``): one input per value.
+    """
 
     spec: MetricSpec
     statistic: str
+    dimensions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,8 @@ class AlarmRule:
         return cloudwatch.MathExpression(
             expression=self.expression,
             using_metrics={
-                key: contract_metric(item.spec, _dims(item.spec, dimensions_for),
+                key: contract_metric(item.spec,
+                                     _dims(item.spec, dimensions_for, item.dimensions),
                                      statistic=item.statistic, period=period)
                 for key, item in self.inputs.items()
             },
@@ -139,8 +146,9 @@ class AlarmRule:
         )
 
 
-def _dims(spec: MetricSpec, dimensions_for: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-    available = dimensions_for.get(spec.namespace) or dimensions_for["*"]
+def _dims(spec: MetricSpec, dimensions_for: Mapping[str, Mapping[str, str]],
+          fixed: Mapping[str, str] | None = None) -> dict[str, str]:
+    available = {**(dimensions_for.get(spec.namespace) or dimensions_for["*"]), **(fixed or {})}
     missing = [key for key in spec.dimensions if key not in available]
     if missing:
         raise ValueError(f"{spec.name} needs dimension(s) {missing}; given {sorted(available)}")
@@ -151,8 +159,8 @@ class AlarmSet(Construct):
     """CloudWatch alarms for a list of rules on one set of dimensions, plus a paging composite.
 
     Alarm names are stable (``<name_prefix>-<rule>``): the endpoints' blue/green rollback
-    configuration refers to alarms by name. "warn" rules notify the topic themselves; "page"
-    rules feed the composite ``<name_prefix>-page``, which notifies the topic.
+    configuration refers to alarms by name. "warn" and "ticket" rules notify the topic
+    themselves; "page" rules feed the composite ``<name_prefix>-page``, which notifies the topic.
     """
 
     def __init__(
@@ -185,7 +193,7 @@ class AlarmSet(Construct):
                 datapoints_to_alarm=rule.datapoints_to_alarm,
                 treat_missing_data=rule.missing_data,
             )
-            if rule.severity == "warn":
+            if rule.severity != "page":
                 alarm.add_alarm_action(action)
                 alarm.add_ok_action(action)
             self.alarms[rule.name] = alarm

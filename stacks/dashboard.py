@@ -2,16 +2,18 @@
 
 Seed 002's lesson is to read GPU memory, queue depth and time to first token *together*, so each
 endpoint gets one section with, side by side: GPU memory and utilization, KV-cache usage,
-running/waiting requests, TTFT and latency percentiles, OOM trips and fallbacks, the circuit
-breaker, admission rejections per length bucket, instances against the capacity schedule,
-invocations per instance against the scaling target, an estimated cost per hour and the status
-of the endpoint's alarms. The intent classifier's section shows its own latency and predictions
-per intent instead of the LLM-only widgets. An optional row covers the release-calendar Lambda.
+running/waiting requests, TTFT, time per output token and latency percentiles, OOM trips and
+fallbacks, the circuit breaker, admission rejections per length bucket, instances against the
+capacity schedule, invocations per instance against the scaling target, an estimated cost per
+hour and the status of the endpoint's alarms. The intent classifier's section shows its own
+latency and predictions per intent instead of the LLM-only widgets. An optional row covers the
+release-calendar Lambda.
 
 Every metric comes from :mod:`metrics_contract` through :func:`stacks.alarms.contract_metric`;
 :func:`dashboard_metric` refuses a spec that is not in the contract. Every number drawn as a line
-(capacity limits, daily floors, the scaling target, alarm thresholds, the instance price) comes
-from settings, the alarm rules or the ``gpu_budget`` catalog, never typed here.
+(capacity limits, daily floors, the scaling targets, alarm thresholds, the instance price) comes
+from settings, the capacity model's fleet plan, the alarm rules or the ``gpu_budget`` catalog,
+never typed here.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 import metrics_contract as mc
+from capacity_model import FleetPlan, FloorPlan
 from gpu_budget import InstanceType, instance_type
 from intents import INTENT_LABELS
 from request_buckets import bucket_bounds
 from stacks.alarm_rules import INSTANCE_COUNT_EXPRESSION
 from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule, AlarmSet, EndpointAlarms, contract_metric
-from stacks.settings import DailyFloorSettings, ScalingSettings
+from stacks.settings import ScalingSettings
 
 EndpointKind = Literal["llm", "intent"]
 ENDPOINT_KINDS: tuple[str, ...] = ("llm", "intent")
@@ -85,7 +88,9 @@ class DashboardEndpoint:
     instance_type: str
     """A ``gpu_budget`` catalog name: it gives the price per hour and the GPU count."""
     scaling: ScalingSettings
-    """Min/max capacity, the scaling target and the daily floors drawn on the capacity widgets."""
+    """Min/max capacity and which policies run."""
+    fleet: FleetPlan
+    """The capacity model's scaling targets and daily ranges, drawn on the capacity widgets."""
     alarms: EndpointAlarms
     """The endpoint's alarms: thresholds drawn as annotations, states in the alarm widget."""
     max_model_len: int | None = None
@@ -180,8 +185,8 @@ def _threshold_line(
              ALARM_COLOR)]
 
 
-def _floor_label(name: str, floor: DailyFloorSettings, bound: str, time_zone: str) -> str:
-    return f"{name} {bound} (from {floor.start} {time_zone})"
+def _floor_label(name: str, floor: FloorPlan, bound: str, time_zone: str) -> str:
+    return f"{name} {bound} (from {floor.start:%H:%M} {time_zone})"
 
 
 def _graph(
@@ -267,6 +272,7 @@ class _EndpointSection:
 
     def header(self) -> cloudwatch.TextWidget:
         endpoint, scaling, instance = self.endpoint, self.endpoint.scaling, self.instance
+        fleet = endpoint.fleet
         accelerators = (f"{instance.accelerator_count} × {instance.accelerator_model}"
                         if instance.accelerator_count else "no accelerator")
         markdown = (
@@ -275,9 +281,11 @@ class _EndpointSection:
             f"{instance.name}: {accelerators} · ≈ {_usd(instance.on_demand_usd_per_hour)} per "
             f"instance-hour ({price_source(instance)}) · capacity {scaling.min_capacity}–"
             f"{scaling.max_capacity} instances; off-peak from {scaling.off_peak.start} "
-            f"{scaling.off_peak.min_capacity}–{scaling.off_peak.max_capacity}, business hours "
-            f"from {scaling.business_hours.start} {scaling.business_hours.min_capacity}–"
-            f"{scaling.business_hours.max_capacity} ({scaling.time_zone}) · "
+            f"{fleet.off_peak.min_capacity}–{fleet.off_peak.max_capacity}, business hours "
+            f"from {scaling.business_hours.start} {fleet.business_hours.min_capacity}–"
+            f"{fleet.business_hours.max_capacity} ({scaling.time_zone}) · one instance "
+            f"sustains ≈ {fleet.per_instance_invocations_per_min:g} invocations/min, "
+            f"{fleet.headroom:.0%} headroom kept (capacity model) · "
             f"[runbooks]({RUNBOOK_BASE_URL}/README.md)"
         )
         return cloudwatch.TextWidget(markdown=markdown, width=GRID_WIDTH, height=2)
@@ -343,6 +351,13 @@ class _EndpointSection:
                 self.title("Time to first token (ms)"),
                 left=self.percentiles(mc.TIME_TO_FIRST_TOKEN, "TimeToFirstToken"),
                 left_axis="milliseconds (ms)",
+                annotations=_threshold_line(self.alarms, mc.TIME_TO_FIRST_TOKEN, unit="ms"),
+            ),
+            _graph(
+                self.title("Time per output token (ms)"),
+                left=self.percentiles(mc.TIME_PER_OUTPUT_TOKEN, "TimePerOutputToken"),
+                left_axis="milliseconds (ms)",
+                annotations=_threshold_line(self.alarms, mc.TIME_PER_OUTPUT_TOKEN, unit="ms"),
             ),
             _graph(
                 self.title("Gateway request latency (ms)"),
@@ -418,13 +433,14 @@ class _EndpointSection:
 
     def instances_vs_schedule(self) -> cloudwatch.GraphWidget:
         scaling = self.endpoint.scaling
+        fleet = self.endpoint.fleet
         zone = scaling.time_zone
         lines = [
             (float(scaling.min_capacity), f"min capacity {scaling.min_capacity}", LIMIT_COLOR),
             (float(scaling.max_capacity), f"max capacity {scaling.max_capacity}", LIMIT_COLOR),
         ]
-        for name, floor in (("off-peak", scaling.off_peak),
-                            ("business hours", scaling.business_hours)):
+        for name, floor in (("off-peak", fleet.off_peak),
+                            ("business hours", fleet.business_hours)):
             lines.append((float(floor.min_capacity),
                           _floor_label(f"{name} floor {floor.min_capacity}", floor, "min", zone),
                           SCHEDULE_COLOR))
@@ -445,13 +461,16 @@ class _EndpointSection:
         )
 
     def load_vs_target(self) -> list[cloudwatch.IWidget]:
-        scaling = self.endpoint.scaling
-        lines: list[tuple[float, str, str]] = []
-        if scaling.target_metric == "invocations_per_instance":
-            target = scaling.target_invocations_per_instance_per_min
+        scaling, fleet = self.endpoint.scaling, self.endpoint.fleet
+        sustainable = fleet.per_instance_invocations_per_min
+        lines: list[tuple[float, str, str]] = [
+            (sustainable, f"sustainable {sustainable:g}/min/instance (capacity model)",
+             LIMIT_COLOR)]
+        if scaling.tracks_invocations:
+            target = fleet.target_invocations_per_instance_per_min
             lines.append((target, f"target tracking {target:g}/min/instance", TARGET_COLOR))
-        if scaling.step_scaling is not None:
-            step = scaling.step_scaling.threshold_invocations_per_instance_per_min
+        step = fleet.step_threshold_invocations_per_instance_per_min
+        if step is not None:
             lines.append((step, f"step scaling from {step:g}/min/instance", SCHEDULE_COLOR))
         per_minute = cloudwatch.MathExpression(
             # A Sum per period: divided by the period in minutes it stays per minute when the
@@ -466,8 +485,9 @@ class _EndpointSection:
             self.title("Invocations per instance vs scaling target"),
             left=[per_minute], left_axis="invocations / min / instance", annotations=lines,
         )]
-        if scaling.target_metric == "concurrent_requests_per_model":
-            target = scaling.target_concurrent_requests_per_model
+        concurrency_target = fleet.target_concurrent_requests_per_model
+        if scaling.tracks_concurrency and concurrency_target is not None:
+            target = concurrency_target
             widgets.append(_graph(
                 self.title("Concurrent requests per model vs scaling target"),
                 left=[self.metric(mc.SM_CONCURRENT_REQUESTS, "Maximum",

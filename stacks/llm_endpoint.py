@@ -2,7 +2,10 @@
 
 Everything that sizes GPU memory comes from the GPU budget's plan for the settings
 (:meth:`LlmEndpointSettings.memory_plan`); the container receives it as ``ENGINE_*`` variables
-and re-checks it against the engine's own KV report at start-up.
+and re-checks it against the engine's own KV report at start-up. What the gateway admits — its
+per-bucket concurrency caps, the KV watermark, the context window's shares — is the capacity
+model's (:meth:`LlmEndpointSettings.capacity_plan`), so the caps are what the pool holds within
+the latency SLOs, not the gateway's built-in defaults.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from capacity_model import LlmCapacity
 from gpu_budget import MemoryPlan
 from serving_contract import format_adapters, format_locale_routes, format_routing
 from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
@@ -45,12 +49,20 @@ def container_environment(
     *,
     endpoint_name: str,
     variant_name: str,
+    capacity: LlmCapacity | None = None,
 ) -> dict[str, str]:
-    """The serving container's environment: engine arguments from the plan, gateway settings.
+    """The serving container's environment: engine arguments from the GPU budget's plan,
+    admission from the capacity model (``capacity``, default: the settings'), the gateway's own
+    settings.
 
     ``ENGINE_*`` carry vLLM ``EngineArgs`` names upper-cased (:meth:`MemoryPlan.engine_env`),
     ``GATEWAY_*`` the gateway's own settings; SageMaker's environment is a string map.
     """
+    if capacity is None:
+        capacity = settings.capacity_plan()
+    if capacity.memory_plan != plan:
+        raise ValueError("container_environment: the capacity plan was derived from another "
+                         "GPU budget plan than the one given")
     env = plan.engine_env(
         {
             "enable_prefix_caching": settings.engine.enable_prefix_caching,
@@ -69,6 +81,7 @@ def container_environment(
             "GATEWAY_LOCALE_ROUTES": format_locale_routes(settings.locale_routes),
             "GATEWAY_METRICS_ENDPOINT_NAME": endpoint_name,
             "GATEWAY_METRICS_VARIANT_NAME": variant_name,
+            **capacity.gateway_environment(),
         }
     )
     return env
@@ -101,7 +114,8 @@ class LlmEndpoint(ModelEndpointConstruct):
         super().__init__(scope, id_)
         self.endpoint_name = endpoint_name
         self.variant_name = variant_name
-        self.memory_plan = settings.memory_plan()
+        self.capacity = settings.capacity_plan()
+        self.memory_plan = self.capacity.memory_plan
 
         self.ecr_image = repo_image_asset(
             self, "Image", dockerfile="containers/llm/Dockerfile", sources=LLM_IMAGE_SOURCES
@@ -114,7 +128,8 @@ class LlmEndpoint(ModelEndpointConstruct):
             image=self.ecr_image,
             model_data=model_data,
             environment=container_environment(
-                settings, self.memory_plan, endpoint_name=endpoint_name, variant_name=variant_name
+                settings, self.memory_plan, endpoint_name=endpoint_name,
+                variant_name=variant_name, capacity=self.capacity,
             ),
             instance_type=settings.instance_type,
             initial_instance_count=initial_instance_count,

@@ -1,9 +1,11 @@
-"""Which scheduled actions each endpoint's scalable target gets, from settings and the calendar.
+"""Which scheduled actions each endpoint's scalable target gets, from the fleet plans and the
+calendar.
 
-Every target gets its daily floors; targets whose ``scaling.release_calendar`` is set also get
-the calendar's weekly and yearly pre-scale/restore pairs (the floors may then skip the weekdays a
-release window covers). The calendar is validated here, at synth, with the same module the Lambda
-runs; its warnings are returned for the stack to surface.
+Every target gets its daily floors (the capacity model's minima and maxima for the off-peak and
+business-hours windows); targets whose ``scaling.release_calendar`` is enabled also get the
+calendar's weekly and yearly pre-scale/restore pairs, sized by the same model (the floors may
+then skip the weekdays a release window covers). The calendar is validated here, at synth, with
+the same module the Lambda runs; its warnings are returned for the stack to surface.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from capacity_model import FleetPlan
 from release_calendar import (
     CalendarIssue,
     CapacityModel,
@@ -19,6 +22,14 @@ from release_calendar import (
     calendar_json,
 )
 from stacks.settings import REPO_ROOT, ScalingSettings
+
+
+@dataclass(frozen=True)
+class ScalingTarget:
+    """One scalable target as the plan needs it: the settings' policy shape and the fleet plan."""
+
+    settings: ScalingSettings
+    fleet: FleetPlan
 
 
 @dataclass(frozen=True)
@@ -31,13 +42,14 @@ class ScalingPlan:
     warnings: tuple[CalendarIssue, ...]
 
 
-def plan_scaling(targets: Mapping[str, ScalingSettings], *, calendar_file: str) -> ScalingPlan:
-    """Expand floors and calendar for ``targets`` (name → scaling settings)."""
-    models = {name: scaling.capacity_model() for name, scaling in targets.items()}
+def plan_scaling(targets: Mapping[str, ScalingTarget], *, calendar_file: str) -> ScalingPlan:
+    """Expand floors and calendar for ``targets`` (name → settings and fleet plan)."""
+    models = {name: target.fleet.calendar_model() for name, target in targets.items()}
     with_calendar = {
         name: models[name]
-        for name, scaling in targets.items()
-        if scaling.release_calendar is not None and scaling.release_calendar.enabled
+        for name, target in targets.items()
+        if target.settings.release_calendar is not None
+        and target.settings.release_calendar.enabled
     }
     actions: dict[str, tuple[ScheduledCapacity, ...]] = {}
     warnings: tuple[CalendarIssue, ...] = ()

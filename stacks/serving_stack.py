@@ -14,6 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from capacity_model import FleetPlan
 from gpu_budget import instance_type
 from quantization import job_outputs
 from stacks.alarm_rules import (
@@ -31,7 +32,7 @@ from stacks.network import ModelNetwork
 from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
-from stacks.scaling_plan import plan_scaling
+from stacks.scaling_plan import ScalingTarget, plan_scaling
 from stacks.settings import EnvironmentSettings
 from stacks.variant_scaling import VariantScaling
 
@@ -95,6 +96,11 @@ class ServingStack(cdk.Stack):
         ])
 
         llm = settings.llm
+        # One capacity plan per endpoint: the gateway's caps, the scaling numbers, the alarms'
+        # release-window floor and the template metadata the simulator reads all come from it.
+        llm_capacity = llm.capacity_plan()
+        llm_fleet = llm_capacity.fleet
+        intent_fleet = settings.intent.fleet_plan()
         llm_endpoint_name = f"{settings.resource_prefix}-llm"
         self.llm_alarms = EndpointAlarms(
             self,
@@ -105,6 +111,7 @@ class ServingStack(cdk.Stack):
                 llm.alarms,
                 gpu_count=instance_type(llm.instance_type).gpu_count,
                 max_capacity=llm.scaling.max_capacity,
+                daily_minimum=max(floor.min_capacity for floor in llm_fleet.floors),
             ),
             alarm_topic=alarm_topic,
         )
@@ -146,7 +153,8 @@ class ServingStack(cdk.Stack):
             rollback_alarms=self.intent_alarms.by_name(INTENT_ROLLBACK_RULES),
         )
 
-        scaling_targets = {"llm": llm.scaling, "intent": intent.scaling}
+        scaling_targets = {"llm": ScalingTarget(llm.scaling, llm_fleet),
+                           "intent": ScalingTarget(intent.scaling, intent_fleet)}
         scaling_plan = plan_scaling(scaling_targets, calendar_file=settings.release_calendar.file)
         for warning in scaling_plan.warnings:
             cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
@@ -158,7 +166,9 @@ class ServingStack(cdk.Stack):
             endpoint_name=llm_endpoint_name,
             variant_name=VARIANT_NAME,
             settings=llm.scaling,
+            fleet=llm_fleet,
             scheduled_actions=scaling_plan.actions["llm"],
+            capacity_metadata=llm_capacity.template_metadata(),
         )
         self.intent_scaling = VariantScaling(
             self,
@@ -167,7 +177,9 @@ class ServingStack(cdk.Stack):
             endpoint_name=intent_endpoint_name,
             variant_name=VARIANT_NAME,
             settings=intent.scaling,
+            fleet=intent_fleet,
             scheduled_actions=scaling_plan.actions["intent"],
+            capacity_metadata=intent_fleet_metadata(intent_fleet),
         )
         resource_ids = {
             "llm": self.llm_scaling.resource_id,
@@ -219,6 +231,7 @@ class ServingStack(cdk.Stack):
                     kind="llm",
                     instance_type=llm.instance_type,
                     scaling=llm.scaling,
+                    fleet=llm_fleet,
                     alarms=self.llm_alarms,
                     max_model_len=llm.max_model_len,
                 ),
@@ -229,6 +242,7 @@ class ServingStack(cdk.Stack):
                     kind="intent",
                     instance_type=intent.instance_type,
                     scaling=intent.scaling,
+                    fleet=intent_fleet,
                     alarms=self.intent_alarms,
                 ),
             ],
@@ -255,6 +269,19 @@ class ServingStack(cdk.Stack):
                       value=cdk.Fn.join(",", self.network.subnet_ids))
         cdk.CfnOutput(self, job_outputs.JOB_SECURITY_GROUP_ID,
                       value=self.network.ec2_security_group.security_group_id)
+
+
+def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:
+    """The classifier's figures for the template metadata (no concurrency: it is not modelled)."""
+    return {
+        "per_instance_invocations_per_min": fleet.per_instance_invocations_per_min,
+        "concurrency_per_instance": None,
+        "request_seconds": None,
+        "headroom": fleet.headroom,
+        "target_invocations_per_instance_per_min": fleet.target_invocations_per_instance_per_min,
+        "decode_status": None,
+        "source": fleet.source,
+    }
 
 
 _RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",

@@ -36,8 +36,15 @@ from serving_contract import (
 )
 
 if TYPE_CHECKING:
+    from capacity_model import (
+        DailyProfile,
+        DecodeSpeedTable,
+        FleetPlan,
+        FleetPolicy,
+        LlmCapacity,
+        StepBand,
+    )
     from gpu_budget import MemoryPlan
-    from release_calendar import CapacityModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "config"
@@ -100,92 +107,152 @@ class ArtifactBucketSettings(_Strict):
 LocalTime = Annotated[str, StringConstraints(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
 
 
-class DailyFloorSettings(_Strict):
-    """A daily scheduled action: from ``start`` (local time) the capacity range is this."""
+class DailyWindowSettings(_Strict):
+    """A daily scheduled action: from ``start`` (local time) until the other window starts.
+
+    Its minimum and maximum are not typed here: the capacity model derives them from the traffic
+    the window expects (:mod:`capacity_model.fleet`). ``surge_allowance`` is how far above the
+    window's busiest expected hour the fleet may grow before ``capacity-pinned-at-max`` pages
+    (1.0 = twice the expected load); absent, the window's maximum is ``max_capacity``.
+    """
 
     start: LocalTime = Field(description="Local time, HH:MM, in scaling.time_zone.")
-    min_capacity: int = Field(ge=1, le=100)
-    max_capacity: int = Field(ge=1, le=100)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DailyFloorSettings:
-        if self.min_capacity > self.max_capacity:
-            raise ValueError(
-                f"min_capacity {self.min_capacity} is above max_capacity {self.max_capacity}"
-            )
-        return self
+    surge_allowance: float | None = Field(
+        None, ge=0, le=20,
+        description="Share above the busiest expected hour the maximum allows (absent: "
+        "max_capacity).",
+    )
 
 
 class StepBandSettings(_Strict):
-    """Add ``add_instances`` when the metric is between threshold+lower and threshold+upper."""
+    """Add ``add_instances`` while the metric is between threshold × (1 + lower) and threshold ×
+    (1 + upper): bounds are multiples of the threshold (the capacity model's target) above it."""
 
-    lower: float = Field(ge=0, description="Invocations/min/instance above the threshold.")
+    lower: float = Field(ge=0, description="Multiple of the threshold above it (0 = at it).")
     upper: float | None = Field(None, gt=0, description="Open-ended when absent.")
     add_instances: int = Field(ge=1, le=50)
 
 
 class StepScalingSettings(_Strict):
-    """Step scaling from a 1-minute InvocationsPerInstance alarm (seed 001, user story 7)."""
+    """Step scaling from a 1-minute InvocationsPerInstance alarm (seed 001, user story 7).
 
-    threshold_invocations_per_instance_per_min: float = Field(200, gt=0)
+    The alarm's threshold is the target-tracking target the capacity model derives; the bands
+    are multiples of it (seed 001: +2 above the threshold, +4 from 2×, +8 from 4×).
+    """
+
     bands: list[StepBandSettings] = Field(
         default_factory=lambda: [
-            StepBandSettings(lower=0, upper=200, add_instances=2),
-            StepBandSettings(lower=200, upper=600, add_instances=4),
-            StepBandSettings(lower=600, upper=None, add_instances=8),
+            StepBandSettings(lower=0, upper=1, add_instances=2),
+            StepBandSettings(lower=1, upper=3, add_instances=4),
+            StepBandSettings(lower=3, upper=None, add_instances=8),
         ]
     )
     cooldown_s: int = Field(60, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _contiguous(self) -> StepScalingSettings:
+        from capacity_model import FleetError, check_bands
+
         if not self.bands:
             raise ValueError("bands: at least one band is required")
-        if self.bands[0].lower != 0:
-            raise ValueError("bands[0].lower must be 0 (the first band starts at the threshold)")
-        for index, (band, following) in enumerate(zip(self.bands, self.bands[1:], strict=False)):
-            if band.upper is None or band.upper != following.lower:
-                raise ValueError(
-                    f"bands[{index}].upper ({band.upper}) must equal bands[{index + 1}].lower "
-                    f"({following.lower}): bands must be contiguous"
-                )
-        if self.bands[-1].upper is not None:
-            raise ValueError("bands[-1].upper must be absent: the last band is open-ended")
+        try:
+            check_bands(self.step_bands())
+        except FleetError as error:
+            raise ValueError(str(error)) from None
         return self
+
+    def step_bands(self) -> tuple[StepBand, ...]:
+        """The bands as the capacity model reads them."""
+        from capacity_model import StepBand
+
+        return tuple(StepBand(b.lower, b.upper, b.add_instances) for b in self.bands)
 
 
 class ReleaseCalendarCapacitySettings(_Strict):
-    """Inputs of the release calendar's capacity formula for one endpoint.
+    """Whether this endpoint follows the release calendar.
 
-    instances = ceil(base × multiplier / per_instance × (1 + headroom)), within min/max.
+    The calendar's capacity formula is fed by the capacity model: the load is the traffic
+    profile's busiest hour, the per-instance figure what one instance sustains, the headroom
+    the one the fleet keeps (:meth:`capacity_model.FleetPlan.calendar_model`).
     """
 
     enabled: bool = True
-    base_invocations_per_min: float = Field(
-        gt=0, description="Load at a typical release hour before the multiplier."
+
+
+class TrafficProfileSettings(_Strict):
+    """The traffic an endpoint expects over a typical day, by local hour (scaling.time_zone)."""
+
+    hourly_invocations_per_min: list[float] = Field(
+        min_length=24, max_length=24,
+        description="Invocations per minute expected at each local hour, 00:00 first.",
     )
-    per_instance_invocations_per_min: float = Field(200, gt=0)
-    headroom: float = Field(0.3, ge=0, le=5)
+    source: str = Field(min_length=1, description="Where the figures come from.")
+
+    @field_validator("hourly_invocations_per_min")
+    @classmethod
+    def _non_negative(cls, value: list[float]) -> list[float]:
+        bad = [hour for hour, load in enumerate(value) if not (math.isfinite(load) and load >= 0)]
+        if bad:
+            raise ValueError(f"hour {bad[0]:02d}:00 is {value[bad[0]]!r}; accepted: a number "
+                             ">= 0")
+        if max(value) <= 0:
+            raise ValueError("every hour is 0; accepted: the traffic the endpoint expects")
+        return value
+
+    def profile(self) -> DailyProfile:
+        """The capacity model's view."""
+        from capacity_model import DailyProfile
+
+        return DailyProfile(tuple(self.hourly_invocations_per_min), self.source)
+
+
+class SurgeSettings(_Strict):
+    """An unplanned rise: ``multiplier`` times the load within ``rise_min`` minutes."""
+
+    multiplier: float = Field(ge=1, le=20)
+    rise_min: float = Field(gt=0, le=1440)
+
+
+TRACKING_DATAPOINTS = 3
+"""Application Auto Scaling's target-tracking scale-out alarm needs 3 consecutive datapoints
+(the simulator's ``tracking_high_datapoints``): 3 minutes on InvocationsPerInstance, 30 s on the
+10-second ConcurrentRequestsPerModel."""
+HIGH_RESOLUTION_PERIOD_S = 10
+"""SageMaker's high-resolution ConcurrentRequestsPerModel "emits data every 10 seconds" (SageMaker
+Developer Guide, Define a scaling policy)."""
 
 
 class ScalingSettings(_Strict):
-    """Application Auto Scaling of one endpoint variant."""
+    """Application Auto Scaling of one endpoint variant: limits, the policies' shape, the traffic.
+
+    No capacity figure is typed here: targets, step thresholds, the daily windows' minima and
+    maxima and the release calendar's inputs come from the capacity model
+    (:meth:`fleet_policy` + the endpoint's instance capacity → :func:`capacity_model.fleet_plan`).
+    """
 
     min_capacity: int = Field(ge=1, le=100, description="Also the initial instance count.")
     max_capacity: int = Field(ge=1, le=100)
-    target_metric: Literal["invocations_per_instance", "concurrent_requests_per_model"] = (
-        "invocations_per_instance"
-    )
-    target_invocations_per_instance_per_min: float = Field(200, gt=0)
-    target_concurrent_requests_per_model: float = Field(
-        32, gt=0, description="Used when target_metric is concurrent_requests_per_model."
+    target_metric: Literal["invocations_per_instance", "concurrent_requests_per_model", "both"] = (
+        Field("invocations_per_instance",
+              description="Target tracking on InvocationsPerInstance, on the high-resolution "
+              "ConcurrentRequestsPerModel, or a policy on each (the largest wins).")
     )
     scale_out_cooldown_s: int = Field(60, ge=0, le=3600)
     scale_in_cooldown_s: int = Field(600, ge=0, le=86400)
     step_scaling: StepScalingSettings | None = Field(default_factory=StepScalingSettings)
     time_zone: str = Field("Asia/Tokyo", description="IANA zone of every schedule.")
-    off_peak: DailyFloorSettings
-    business_hours: DailyFloorSettings
+    off_peak: DailyWindowSettings
+    business_hours: DailyWindowSettings
+    traffic: TrafficProfileSettings
+    unplanned_surge: SurgeSettings = Field(
+        default_factory=lambda: SurgeSettings(multiplier=1.5, rise_min=15),
+        description="The rise the fleet absorbs unaided while new instances start: it sets "
+        "the headroom.",
+    )
+    provisioning_delay_s: int = Field(
+        360, ge=0, le=3600,
+        description="From a scale-out decision to a new instance serving (seed 001: 5-8 min).",
+    )
     release_calendar: ReleaseCalendarCapacitySettings | None = None
 
     @field_validator("time_zone")
@@ -205,39 +272,40 @@ class ScalingSettings(_Strict):
             raise ValueError(
                 f"min_capacity {self.min_capacity} is above max_capacity {self.max_capacity}"
             )
-        for label, floor in (("off_peak", self.off_peak), ("business_hours", self.business_hours)):
-            low, high = floor.min_capacity, floor.max_capacity
-            if not self.min_capacity <= low <= high <= self.max_capacity:
-                raise ValueError(
-                    f"{label}: min {floor.min_capacity} / max {floor.max_capacity} must lie "
-                    f"within the target's min_capacity {self.min_capacity} and max_capacity "
-                    f"{self.max_capacity}"
-                )
         if self.off_peak.start == self.business_hours.start:
             raise ValueError("off_peak.start and business_hours.start must differ")
         return self
 
-    def capacity_model(self) -> CapacityModel:
-        """The release calendar's view of this target (floors, limits, capacity formula)."""
+    @property
+    def tracks_invocations(self) -> bool:
+        """Whether a target-tracking policy follows InvocationsPerInstance."""
+        return self.target_metric in ("invocations_per_instance", "both")
+
+    @property
+    def tracks_concurrency(self) -> bool:
+        """Whether a target-tracking policy follows the high-resolution concurrency metric."""
+        return self.target_metric in ("concurrent_requests_per_model", "both")
+
+    def fleet_policy(self) -> FleetPolicy:
+        """The capacity model's view of the policy (no capacity figures in it)."""
         import datetime as dt
 
-        from release_calendar import CapacityModel, DailyFloor
+        from capacity_model import FleetPolicy, Surge
 
-        calendar = self.release_calendar or ReleaseCalendarCapacitySettings(
-            enabled=False, base_invocations_per_min=self.target_invocations_per_instance_per_min
-        )
-        return CapacityModel(
-            base_invocations_per_min=calendar.base_invocations_per_min,
-            per_instance_invocations_per_min=calendar.per_instance_invocations_per_min,
-            headroom=calendar.headroom,
+        tracking_period_s = HIGH_RESOLUTION_PERIOD_S if self.tracks_concurrency else 60
+        return FleetPolicy(
             min_capacity=self.min_capacity,
             max_capacity=self.max_capacity,
-            timezone=self.time_zone,
-            off_peak=DailyFloor("off-peak", dt.time.fromisoformat(self.off_peak.start),
-                                self.off_peak.min_capacity, self.off_peak.max_capacity),
-            business_hours=DailyFloor(
-                "business-hours", dt.time.fromisoformat(self.business_hours.start),
-                self.business_hours.min_capacity, self.business_hours.max_capacity),
+            time_zone=self.time_zone,
+            off_peak_start=dt.time.fromisoformat(self.off_peak.start),
+            business_hours_start=dt.time.fromisoformat(self.business_hours.start),
+            off_peak_surge_allowance=self.off_peak.surge_allowance,
+            business_hours_surge_allowance=self.business_hours.surge_allowance,
+            step_bands=self.step_scaling.step_bands() if self.step_scaling else (),
+            step_evaluation_s=60,
+            tracking_evaluation_s=TRACKING_DATAPOINTS * tracking_period_s,
+            provisioning_s=self.provisioning_delay_s,
+            unplanned_surge=Surge(self.unplanned_surge.multiplier, self.unplanned_surge.rise_min),
         )
 
 
@@ -258,7 +326,30 @@ class NetworkSettings(_Strict):
 class EndpointAlarmSettings(_Strict):
     """Alarm thresholds of one endpoint (stacks/alarm_rules.py says what each alarm means)."""
 
-    latency_p99_sla_ms: float = Field(2000, gt=0, description="ModelLatency p99 SLA (seed: 2 s).")
+    latency_p99_sla_ms: float = Field(
+        2000, gt=0,
+        description="ModelLatency p99 SLA of the intent endpoint (seed: < 18 ms on Inferentia; "
+        "2 s default). The LLM pages on time to first token and time per output token instead: "
+        "its ModelLatency is a whole generation.",
+    )
+    time_to_first_token_p99_ms: float = Field(
+        2000, gt=0, le=60000,
+        description="LLM: first token p99 within 2 s: seed 001 story 3 promises a first answer "
+        "within its 3 s SLA, and about a second goes to the orchestrator, the intent call and "
+        "the network. Pages and rolls deployments back; the capacity model sizes for it.",
+    )
+    time_per_output_token_p99_ms: float = Field(
+        100, gt=0, le=10000,
+        description="LLM: one streamed token every 100 ms at p99 = 10 tokens/s, twice a reader's "
+        "pace (238 words/min ≈ 5 tokens/s, Brysbaert 2019, J. Memory and Language 109). Pages, "
+        "rolls back, and sizes the batch the capacity model allows.",
+    )
+    release_window_rejection_percent: float = Field(
+        0.1, ge=0, le=100,
+        description="LLM: share of requests the gateway may shed (429) while a release "
+        "pre-scale is in force before a ticket is raised (seed 001: zero 429s in release "
+        "windows; 0.1 % ignores a stray retry).",
+    )
     invocation_5xx_per_min: float = Field(1, gt=0)
     engine_restarts_per_hour: int = Field(2, ge=1)
     fallback_rate_percent: float = Field(5, gt=0, le=100)
@@ -473,6 +564,76 @@ def deployment_problem(
     return None
 
 
+class ContextWindowSettings(_Strict):
+    """Shares of ``max_model_len`` the gateway gives each part of a prompt, and the default
+    ``max_tokens`` (``GATEWAY_CONTEXT_SPLIT``). Seed 001: 512 system + 1,024 retrieved context +
+    2,048 history + 512 output of a 4,096 window."""
+
+    system: float = Field(0.125, ge=0, le=1)
+    rag: float = Field(0.25, ge=0, le=1)
+    history: float = Field(0.5, gt=0, le=1)
+    output: float = Field(0.125, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _within_the_window(self) -> ContextWindowSettings:
+        total = self.system + self.rag + self.history + self.output
+        if total > 1 + 1e-9:
+            raise ValueError(f"shares add up to {total:g}; accepted: at most 1")
+        return self
+
+
+class BucketDemandSettings(_Strict):
+    """The typical request of one bucket and its share of all requests."""
+
+    share: float = Field(ge=0, le=1)
+    prompt_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1, description="Tokens generated, on average.")
+
+
+class ConversationSettings(_Strict):
+    """The long conversation seed 001 asks 60 of per GPU (stories 1 and 5)."""
+
+    turns: int = Field(30, ge=1, le=1000)
+    tokens_per_turn: int = Field(100, ge=1, description="Seed 001 story 5: ~100 tokens a turn.")
+    system_tokens: int = Field(512, ge=0)
+    rag_tokens: int = Field(1024, ge=0)
+    rag_chunks: int = Field(4, ge=1, description="Retrieved chunks (the gateway keeps whole ones).")
+    concurrent_wanted: int = Field(60, ge=1, description="Seed 001 story 1: >= 60 per GPU.")
+
+
+class LlmCapacitySettings(_Strict):
+    """Inputs of the capacity model for the LLM endpoint (none of them a capacity figure)."""
+
+    decode_speed_file: RepoRelativePath = Field(
+        "config/decode_speed.json",
+        description="The decode-speed table: TTFT and TPOT by batch size per GPU and model.",
+    )
+    request_mix: dict[Literal["S", "M", "L", "XL"], BucketDemandSettings] = Field(
+        description="Share and typical request of each request-size bucket (request_buckets)."
+    )
+    admission_watermark: float = Field(
+        0.9, gt=0, le=1,
+        description="Share of the KV pool admitted requests may reserve (GATEWAY_ADMISSION_"
+        "WATERMARK); the rest absorbs prefix-cache and preemption slack.",
+    )
+    conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+
+    @field_validator("decode_speed_file")
+    @classmethod
+    def _exists(cls, value: str) -> str:
+        if not (REPO_ROOT / value).is_file():
+            raise ValueError("no such file")
+        return value
+
+
+class DeclaredCapacitySettings(_Strict):
+    """What one instance of an endpoint the GPU budget does not size (the classifier) serves."""
+
+    per_instance_invocations_per_min: float = Field(gt=0)
+    source: str = Field(min_length=1, description="Where the figure comes from.")
+
+
 class LlmEndpointSettings(_Strict):
     """The vLLM endpoint: model, instance, context window, adapters, health and deployment."""
 
@@ -496,6 +657,8 @@ class LlmEndpointSettings(_Strict):
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
     deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
+    context_window: ContextWindowSettings = Field(default_factory=ContextWindowSettings)
+    capacity: LlmCapacitySettings
     scaling: ScalingSettings
     alarms: EndpointAlarmSettings = Field(default_factory=EndpointAlarmSettings)
 
@@ -574,16 +737,78 @@ class LlmEndpointSettings(_Strict):
             raise ValueError(f"the GPU memory budget refuses this configuration: {exc}") from None
         return self
 
-    def memory_plan(self) -> MemoryPlan:
-        """The GPU budget's plan for these settings (raises BudgetError when it cannot fit)."""
+    @model_validator(mode="after")
+    def _capacity_derivable(self) -> LlmEndpointSettings:
+        from capacity_model import CapacityError, DecodeTableError, DemandError, FleetError
+
+        try:
+            self.capacity_plan()
+        except (CapacityError, DecodeTableError, DemandError, FleetError) as exc:
+            raise ValueError(f"the capacity model refuses this configuration: {exc}") from None
+        return self
+
+    def decode_speed_table(self) -> DecodeSpeedTable:
+        """The decode-speed table the capacity model reads."""
+        from capacity_model import parse_decode_table
+
+        path = self.capacity.decode_speed_file
+        return parse_decode_table((REPO_ROOT / path).read_text(encoding="utf-8"), source=path)
+
+    def capacity_plan(self) -> LlmCapacity:
+        """The capacity model's plan for these settings: per-instance capacity and caps, the
+        fleet's targets and daily limits, the long-conversation options."""
+        from capacity_model import (
+            BucketDemand,
+            ContextWindow,
+            Conversation,
+            LatencySlo,
+            llm_capacity,
+            request_mix,
+        )
+        from request_buckets import RequestBucket, bucket_bounds
+
+        memory_plan = self.memory_plan()
+        window = ContextWindow(**self.context_window.model_dump())
+        mix = request_mix(
+            [BucketDemand(RequestBucket(name), d.share, d.prompt_tokens, d.max_tokens,
+                          d.output_tokens) for name, d in self.capacity.request_mix.items()],
+            bucket_bounds(self.max_model_len),
+        )
+        conversation = self.capacity.conversation
+        return llm_capacity(
+            plan=memory_plan,
+            replan=self.memory_plan,
+            mix=mix,
+            window=window,
+            table=self.decode_speed_table(),
+            slo=LatencySlo(self.alarms.time_to_first_token_p99_ms,
+                           self.alarms.time_per_output_token_p99_ms),
+            admission_watermark=self.capacity.admission_watermark,
+            policy=self.scaling.fleet_policy(),
+            profile=self.scaling.traffic.profile(),
+            conversation=Conversation(conversation.turns, conversation.tokens_per_turn,
+                                      conversation.system_tokens, conversation.rag_tokens,
+                                      conversation.rag_chunks),
+            conversations_wanted=conversation.concurrent_wanted,
+        )
+
+    def fleet_plan(self) -> FleetPlan:
+        """The fleet part of :meth:`capacity_plan`."""
+        return self.capacity_plan().fleet
+
+    def memory_plan(self, *, kv_cache_dtype: str | None = None,
+                    instance: str | None = None) -> MemoryPlan:
+        """The GPU budget's plan for these settings (raises BudgetError when it cannot fit);
+        ``kv_cache_dtype`` / ``instance`` plan the same settings with another KV-cache dtype or
+        instance type (the capacity model's what-ifs)."""
         from gpu_budget import plan
 
         return plan(
             str(REPO_ROOT / self.model.config),
             quantization=self.model.quantization,
-            instance=self.instance_type,
+            instance=instance or self.instance_type,
             max_model_len=self.max_model_len,
-            kv_cache_dtype=self.kv_cache_dtype,
+            kv_cache_dtype=kv_cache_dtype or self.kv_cache_dtype,
             block_size=self.block_size,
             gpu_memory_utilization=self.engine.gpu_memory_utilization,
             max_num_seqs=self.engine.max_num_seqs,
@@ -624,6 +849,7 @@ class IntentEndpointSettings(_Strict):
         None, ge=1, le=64, description="Model copies over the NeuronCores (default: one per core)."
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    capacity: DeclaredCapacitySettings
     deployment: DeploymentSettings = Field(
         # inf1, the default target, is excluded from deployment guardrails: all at once, no bake.
         default_factory=lambda: DeploymentSettings(traffic_shift="all_at_once", bake_s=0)
@@ -648,6 +874,15 @@ class IntentEndpointSettings(_Strict):
         """The folder of the archive: what the execution role reads, where its manifest goes."""
         return self.artifact_key.rsplit("/", 1)[0]
 
+    def fleet_plan(self) -> FleetPlan:
+        """The classifier's fleet numbers from its declared per-instance rate."""
+        from capacity_model import InstanceLoad, fleet_plan
+
+        load = InstanceLoad(
+            sustainable_invocations_per_min=self.capacity.per_instance_invocations_per_min,
+            concurrency=None, source=self.capacity.source)
+        return fleet_plan(load, self.scaling.fleet_policy(), self.scaling.traffic.profile())
+
     @model_validator(mode="after")
     def _instance_matches_target(self) -> IntentEndpointSettings:
         from gpu_budget import instance_type
@@ -665,6 +900,21 @@ class IntentEndpointSettings(_Strict):
                 f"model_copies {self.model_copies} exceeds the {entry.neuron_cores} NeuronCores "
                 f"of {self.instance_type}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_derivable(self) -> IntentEndpointSettings:
+        from capacity_model import FleetError
+
+        if self.scaling.tracks_concurrency:
+            raise ValueError(
+                f"scaling.target_metric: {self.scaling.target_metric!r} needs a concurrency per "
+                "instance, which only the LLM's capacity model derives; accepted: "
+                "invocations_per_instance")
+        try:
+            self.fleet_plan()
+        except FleetError as exc:
+            raise ValueError(f"the capacity model refuses this configuration: {exc}") from None
         return self
 
     @model_validator(mode="after")

@@ -2,18 +2,25 @@
 
 Three layers (seed 001, stories 3, 4 and 7), all acting on the variant's instance count:
 
-* **target tracking** on InvocationsPerInstance (or the high-resolution ConcurrentRequestsPerModel)
-  — scale out fast (60 s cooldown), scale in slowly (600 s);
+* **target tracking** on InvocationsPerInstance and/or the high-resolution
+  ConcurrentRequestsPerModel — scale out fast (60 s cooldown), scale in slowly (600 s);
 * **step scaling** from a 1-minute InvocationsPerInstance alarm — +2/+4/+8 instances by how far
   past the threshold, for spikes target tracking reacts to too slowly;
 * **scheduled actions** in the settings' time zone — the daily off-peak and business-hours floors
   and the release calendar's pre-scale/restore pairs — which only move MinCapacity/MaxCapacity;
   the policies keep working inside the range and the largest capacity wins.
+
+Every number in them — the targets, the step threshold and bands, the daily minima and maxima,
+the calendar's capacities — is the capacity model's (:class:`capacity_model.FleetPlan`); the
+settings only shape the policies. The figures the simulator and the cost report need are written
+into the scalable target's template metadata (:data:`CAPACITY_METADATA_KEY`), so they read the
+template and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -21,11 +28,14 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct, IConstruct
 
 import metrics_contract as mc
+from capacity_model import FleetPlan
 from release_calendar import MAX_ACTIONS_PER_TARGET, ScheduledCapacity
 from stacks.alarms import contract_metric
 from stacks.settings import ScalingSettings
 
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+CAPACITY_METADATA_KEY = "MangaAssist::Capacity"
+"""Template metadata of each scalable target: the capacity model's per-instance figures."""
 
 
 def variant_resource_id(endpoint_name: str, variant_name: str) -> str:
@@ -33,23 +43,23 @@ def variant_resource_id(endpoint_name: str, variant_name: str) -> str:
     return f"endpoint/{endpoint_name}/variant/{variant_name}"
 
 
-def step_intervals(settings: ScalingSettings) -> list[appscaling.ScalingInterval]:
-    """The step policy's intervals in absolute invocations/min/instance.
+def step_intervals(fleet: FleetPlan) -> list[appscaling.ScalingInterval]:
+    """The step policy's intervals in absolute invocations/min/instance (the capacity model's
+    threshold and bands).
 
     Below the threshold the change is 0: CDK then creates only the upper (scale-out) alarm and
     leaves scale-in to target tracking, which is slower on purpose.
     """
-    steps = settings.step_scaling
-    if steps is None:
+    threshold = fleet.step_threshold_invocations_per_instance_per_min
+    if threshold is None:
         return []
-    threshold = steps.threshold_invocations_per_instance_per_min
     intervals = [appscaling.ScalingInterval(upper=threshold, change=0)]
-    for band in steps.bands:
+    for lower, upper, add in fleet.step_intervals:
         intervals.append(
             appscaling.ScalingInterval(
-                lower=threshold + band.lower,
-                upper=None if band.upper is None else threshold + band.upper,
-                change=band.add_instances,
+                lower=threshold + lower,
+                upper=None if upper is None else threshold + upper,
+                change=add,
             )
         )
     return intervals
@@ -67,7 +77,9 @@ class VariantScaling(Construct):
         endpoint_name: str,
         variant_name: str,
         settings: ScalingSettings,
+        fleet: FleetPlan,
         scheduled_actions: Sequence[ScheduledCapacity],
+        capacity_metadata: Mapping[str, Any],
     ) -> None:
         super().__init__(scope, id_)
         if len(scheduled_actions) > MAX_ACTIONS_PER_TARGET:
@@ -87,22 +99,31 @@ class VariantScaling(Construct):
         )
         # The variant must exist before Application Auto Scaling can register it.
         self.scalable_target.node.add_dependency(endpoint)
+        cfn_target = self.scalable_target.node.default_child
+        assert isinstance(cfn_target, cdk.CfnResource)
+        cfn_target.add_metadata(CAPACITY_METADATA_KEY, dict(capacity_metadata))
 
-        if settings.target_metric == "invocations_per_instance":
-            predefined = appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE
-            target_value = settings.target_invocations_per_instance_per_min
-        else:
-            predefined = (
-                appscaling.PredefinedMetric.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION
-            )
-            target_value = settings.target_concurrent_requests_per_model
-        self.target_tracking_policy = self.scalable_target.scale_to_track_metric(
-            "TargetTracking",
-            target_value=target_value,
-            predefined_metric=predefined,
-            scale_out_cooldown=cdk.Duration.seconds(settings.scale_out_cooldown_s),
-            scale_in_cooldown=cdk.Duration.seconds(settings.scale_in_cooldown_s),
-        )
+        self.target_tracking_policies: list[appscaling.TargetTrackingScalingPolicy] = []
+        if settings.tracks_invocations:
+            self.target_tracking_policies.append(self.scalable_target.scale_to_track_metric(
+                "TargetTracking",
+                target_value=fleet.target_invocations_per_instance_per_min,
+                predefined_metric=(
+                    appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE),
+                scale_out_cooldown=cdk.Duration.seconds(settings.scale_out_cooldown_s),
+                scale_in_cooldown=cdk.Duration.seconds(settings.scale_in_cooldown_s),
+            ))
+        if settings.tracks_concurrency:
+            if fleet.target_concurrent_requests_per_model is None:
+                raise ValueError(f"{endpoint_name}: high-resolution target tracking needs the "
+                                 "capacity model's concurrency per instance")
+            self.target_tracking_policies.append(self.scalable_target.scale_to_track_metric(
+                "ConcurrencyTracking",
+                target_value=fleet.target_concurrent_requests_per_model,
+                predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION,
+                scale_out_cooldown=cdk.Duration.seconds(settings.scale_out_cooldown_s),
+                scale_in_cooldown=cdk.Duration.seconds(settings.scale_in_cooldown_s),
+            ))
 
         self.step_scaling_policy: appscaling.StepScalingPolicy | None = None
         if settings.step_scaling is not None:
@@ -114,7 +135,7 @@ class VariantScaling(Construct):
                     statistic="Sum",
                     period=cdk.Duration.minutes(1),
                 ),
-                scaling_steps=step_intervals(settings),
+                scaling_steps=step_intervals(fleet),
                 adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
                 cooldown=cdk.Duration.seconds(settings.step_scaling.cooldown_s),
                 evaluation_periods=1,

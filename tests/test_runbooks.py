@@ -39,7 +39,7 @@ NOT_METRICS = frozenset({
     # statuses, API response fields and AWS error names, and the conditions of Lambda's
     # invocation records. Anything else CamelCase in backticks must be a contract metric (or one
     # of its dimension names).
-    "Updating", "RollingBack", "FailureReason", "MaxCapacity", "AccessDenied",
+    "Updating", "RollingBack", "FailureReason", "MaxCapacity", "MinCapacity", "AccessDenied",
     "TooManyRequestsException", "RetriesExhausted", "EventAgeExceeded",
 })
 METRIC_LIKE = re.compile(r"^[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*$")
@@ -56,6 +56,7 @@ RULE_ARGUMENTS: dict[str, Any] = {
     "gpu_count": 1,
     "max_capacity": 20,
     "minutes": 15,
+    "daily_minimum": 5,
 }
 
 
@@ -104,9 +105,10 @@ def test_runbook_links_point_at_this_folder() -> None:
 
 def test_every_runbook_a_stack_links_is_a_file() -> None:
     linked = linked_runbooks_in_stacks()
-    # Not vacuous: the five alarm families and the index are linked from the stacks.
+    # Not vacuous: the seven alarm families and the index are linked from the stacks.
     assert {"README.md", "oom-diagnosis.md", "breaker-open.md", "engine-restarts.md",
-            "scaling-pinned-at-max.md", "release-calendar-lambda.md"} <= set(linked)
+            "scaling-pinned-at-max.md", "release-calendar-lambda.md", "latency-slo.md",
+            "release-window-rejections.md"} <= set(linked)
     missing = {target: sorted(files) for target, files in linked.items()
                if not (RUNBOOKS / target).is_file()}
     assert missing == {}, f"alarm descriptions link runbooks that do not exist: {missing}"
@@ -186,7 +188,8 @@ def test_the_runbooks_quote_the_metrics_they_are_about() -> None:
               for n in metric_like(page.read_text(encoding="utf-8"))}
     assert {"OOMCircuitTrips", "EngineRestarts", "Fallbacks", "KVCacheUsage",
             "GPUMemoryUtilization", "QueueWait", "ModelLatency", "Invocation5XXErrors",
-            "CalendarEntriesSkipped", "Errors", "AdmissionRejections"} <= quoted
+            "CalendarEntriesSkipped", "Errors", "AdmissionRejections", "TimeToFirstToken",
+            "TimePerOutputToken", "MinCapacityInForce"} <= quoted
 
 
 def settings_path_problem(path: str) -> str | None:
@@ -234,7 +237,7 @@ def test_backticked_settings_paths_exist(page: Path) -> None:
 def test_the_settings_check_tells_real_paths_from_typos() -> None:
     assert settings_path_problem("llm.engine.max_num_seqs") is None
     assert settings_path_problem("llm.adapters[0].rank") is None
-    assert settings_path_problem("llm.scaling.release_calendar.headroom") is None
+    assert settings_path_problem("llm.scaling.release_calendar.enabled") is None
     assert "has no field 'max_num_seq'" in str(settings_path_problem("llm.engine.max_num_seq"))
     assert "is a value" in str(settings_path_problem("llm.max_model_len.tokens"))
     used = {path for page in runbook_pages()

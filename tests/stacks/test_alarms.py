@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 import metrics_contract as mc
-from stacks.alarm_rules import calendar_lambda_rules, intent_alarm_rules, llm_alarm_rules
+from stacks.alarm_rules import (
+    ROLLBACK_RULES,
+    calendar_lambda_rules,
+    intent_alarm_rules,
+    llm_alarm_rules,
+)
 from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule
 from stacks.settings import EndpointAlarmSettings, load_settings
 
@@ -35,8 +40,10 @@ def topic_actions(alarm: dict[str, Any]) -> list[str]:
 EXPECTED = {
     "invocation-5xx": ("AWS/SageMaker", "Invocation5XXErrors", "Sum", 1, 60,
                        "GreaterThanOrEqualToThreshold", "notBreaching"),
-    "model-latency-p99": ("AWS/SageMaker", "ModelLatency", "p99", 2_000_000, 60,
-                          "GreaterThanThreshold", "notBreaching"),
+    "time-to-first-token-p99": ("MangaAssist/Inference", "TimeToFirstToken", "p99", 2000, 60,
+                                "GreaterThanThreshold", "notBreaching"),
+    "time-per-output-token-p99": ("MangaAssist/Inference", "TimePerOutputToken", "p99", 100,
+                                  60, "GreaterThanThreshold", "notBreaching"),
     "oom-circuit-trips": ("MangaAssist/Inference", "OOMCircuitTrips", "Sum", 1, 60,
                           "GreaterThanOrEqualToThreshold", "notBreaching"),
     "engine-restarts": ("MangaAssist/Inference", "EngineRestarts", "Sum", 2, 3600,
@@ -64,6 +71,75 @@ def test_single_metric_alarm(alarms: dict[str, dict[str, Any]], suffix: str) -> 
     assert {d["Name"]: d["Value"] for d in alarm["Dimensions"]} == {
         "EndpointName": PREFIX, "VariantName": "AllTraffic"}
     assert f"{RUNBOOK_BASE_URL}/" in alarm["AlarmDescription"]
+
+
+def test_model_latency_pages_for_the_classifier_only(alarms: dict[str, dict[str, Any]]) -> None:
+    # The LLM's ModelLatency is a whole generation: it stays on the dashboard without an alarm.
+    assert f"{PREFIX}-model-latency-p99" not in alarms
+    intent = alarms[f"{INTENT_PREFIX}-model-latency-p99"]
+    assert (intent["MetricName"], intent["ExtendedStatistic"]) == ("ModelLatency", "p99")
+    assert intent["Threshold"] == load_settings("prod").intent.alarms.latency_p99_sla_ms * 1000
+
+
+def test_llm_rollback_alarms_are_the_latency_slos_5xx_and_oom(prod: dict[str, Any]) -> None:
+    (endpoint,) = [r["Properties"] for k, r in prod["Resources"].items()
+                   if r["Type"] == "AWS::SageMaker::Endpoint" and k.startswith("LlmEndpoint")]
+    names = {prod["Resources"][a["AlarmName"]["Ref"]]["Properties"]["AlarmName"]
+             for a in endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]}
+    assert names == {f"{PREFIX}-{rule}" for rule in ROLLBACK_RULES}
+    assert {f"{PREFIX}-time-to-first-token-p99", f"{PREFIX}-time-per-output-token-p99"} <= names
+    assert not [n for n in names if "model-latency" in n]
+    # "Alarms ... Array Members: Minimum number of 1 item. Maximum number of 10 items."
+    # (SageMaker API Reference, AutoRollbackConfig:
+    # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_AutoRollbackConfig.html)
+    assert 1 <= len(names) <= 10
+
+
+def test_release_window_rejections_is_a_ticket_in_release_windows_only(
+    alarms: dict[str, dict[str, Any]],
+) -> None:
+    settings = load_settings("prod")
+    fleet = settings.llm.fleet_plan()
+    daily_minimum = max(floor.min_capacity for floor in fleet.floors)
+    alarm = alarms[f"{PREFIX}-release-window-rejections"]
+    (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == (
+        f"IF(FILL(mininforce, 0) > {daily_minimum}, 100 * (FILL(sheds, 0) + FILL(shedm, 0) + "
+        "FILL(shedl, 0) + FILL(shedxl, 0)) / invocations, 0)")
+    stats = {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert {stat["Metric"]["MetricName"] for stat in stats.values()} == {
+        "AdmissionRejections", "Invocations", "MinCapacityInForce"}
+    assert {next(d["Value"] for d in stats[k]["Metric"]["Dimensions"] if d["Name"] == "Bucket")
+            for k in ("sheds", "shedm", "shedl", "shedxl")} == {"S", "M", "L", "XL"}
+    assert alarm["Threshold"] == settings.llm.alarms.release_window_rejection_percent
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+    assert alarm["AlarmActions"], "a ticket notifies the topic directly, not through the page"
+    assert "release-window-rejections.md" in alarm["AlarmDescription"]
+    # PutMetricAlarm: "A single PutMetricAlarm call can include up to 20 MetricDataQuery
+    # structures in the array. The 20 structures can include as many as 10 structures that
+    # contain a MetricStat parameter ... and as many as 10 structures that contain the Expression
+    # parameter" (Amazon CloudWatch API Reference, PutMetricAlarm, Metrics:
+    # https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_PutMetricAlarm.html).
+    assert len(stats) <= 10
+    assert len(alarm["Metrics"]) - len(stats) <= 10
+    assert len(alarm["Metrics"]) <= 20
+    assert sum(1 for m in alarm["Metrics"] if m.get("ReturnData", True)) == 1
+
+
+@pytest.mark.parametrize("alarm_name", ["release-window-rejections", "capacity-pinned-at-max",
+                                        "fallback-rate"])
+def test_every_metric_math_alarm_stays_within_cloudwatch_limits(
+    alarms: dict[str, dict[str, Any]], alarm_name: str,
+) -> None:
+    # Same page as above: at most 10 MetricStat and 10 Expression structures per alarm, one of
+    # the expressions returning data.
+    alarm = alarms[f"{PREFIX}-{alarm_name}"]
+    stats = [m for m in alarm["Metrics"] if "MetricStat" in m]
+    expressions = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert 1 <= len(stats) <= 10 and 1 <= len(expressions) <= 10
+    assert [m.get("ReturnData", True) for m in expressions].count(True) == 1
+    assert not [m for m in stats if m.get("ReturnData") is not False]
 
 
 def test_fallback_rate_is_a_ratio_of_contract_metrics(alarms: dict[str, dict[str, Any]]) -> None:
@@ -116,10 +192,10 @@ def test_warnings_notify_the_topic_and_pages_go_through_the_composite(
     prod: dict[str, Any], alarms: dict[str, dict[str, Any]]
 ) -> None:
     rules = {r.name: r for r in llm_alarm_rules(EndpointAlarmSettings(), gpu_count=1,
-                                                  max_capacity=20)}
+                                                  max_capacity=20, daily_minimum=5)}
     for name, rule in rules.items():
         actions = topic_actions(alarms[f"{PREFIX}-{name}"])
-        if rule.severity == "warn":
+        if rule.severity in ("warn", "ticket"):
             assert actions and all("AlarmTopicArn" in a or "Topic" in a for a in actions), name
         else:
             assert actions == [], f"{name} pages through the composite, not directly"
@@ -140,7 +216,7 @@ def test_warnings_notify_the_topic_and_pages_go_through_the_composite(
 def all_rules() -> list[AlarmRule]:
     settings = load_settings("prod").llm
     return [
-        *llm_alarm_rules(settings.alarms, gpu_count=1, max_capacity=20),
+        *llm_alarm_rules(settings.alarms, gpu_count=1, max_capacity=20, daily_minimum=5),
         *intent_alarm_rules(settings.alarms, max_capacity=8),
         *calendar_lambda_rules(),
     ]

@@ -47,12 +47,13 @@ CONTRACT = {(spec.namespace, spec.name): spec for spec in mc.ALL_METRICS}
 COMMON_WIDGETS = ("ModelLatency", "Invocations and errors", "Instances vs schedule",
                   "Invocations per instance vs scaling target", "Estimated cost", "Alarms")
 LLM_WIDGETS = ("GPU memory", "GPU utilization", "KV-cache usage", "Running and waiting requests",
-               "Time to first token", "request latency", "OOM circuit trips", "fallbacks",
+               "Time to first token", "Time per output token", "request latency",
+               "OOM circuit trips", "fallbacks",
                "Circuit breaker state", "Admission rejections by bucket", *COMMON_WIDGETS)
 INTENT_WIDGETS = ("Intent classification latency", "Intent predictions by intent",
                   *COMMON_WIDGETS)
 LLM_ONLY = ("KV-cache usage", "Circuit breaker state", "Admission rejections",
-            "Time to first token", "OOM circuit trips", "GPU memory")
+            "Time to first token", "Time per output token", "OOM circuit trips", "GPU memory")
 
 
 # --- rendering the body ------------------------------------------------------------------------
@@ -180,7 +181,9 @@ def build_alarms(scope: cdk.Stack, settings: EnvironmentSettings
     llm_alarms = EndpointAlarms(
         scope, "LlmAlarms", endpoint_name=LLM_ENDPOINT, variant_name=VARIANT,
         rules=llm_alarm_rules(settings.llm.alarms, gpu_count=gpu_count,
-                              max_capacity=settings.llm.scaling.max_capacity),
+                              max_capacity=settings.llm.scaling.max_capacity,
+                              daily_minimum=max(f.min_capacity
+                                                for f in settings.llm.fleet_plan().floors)),
         alarm_topic=topic,
     )
     intent_alarms = EndpointAlarms(
@@ -197,11 +200,12 @@ def endpoints(settings: EnvironmentSettings, llm_alarms: EndpointAlarms,
     return [
         DashboardEndpoint(title=LLM_TITLE, endpoint_name=LLM_ENDPOINT, variant_name=VARIANT,
                           kind="llm", instance_type=settings.llm.instance_type,
-                          scaling=settings.llm.scaling, alarms=llm_alarms,
-                          max_model_len=settings.llm.max_model_len),
+                          scaling=settings.llm.scaling, fleet=settings.llm.fleet_plan(),
+                          alarms=llm_alarms, max_model_len=settings.llm.max_model_len),
         DashboardEndpoint(title=INTENT_TITLE, endpoint_name=INTENT_ENDPOINT,
                           variant_name=VARIANT, kind="intent", instance_type=INTENT_INSTANCE,
-                          scaling=settings.llm.scaling, alarms=intent_alarms),
+                          scaling=settings.llm.scaling, fleet=settings.llm.fleet_plan(),
+                          alarms=intent_alarms),
     ]
 
 
@@ -313,6 +317,7 @@ def test_the_intent_section_has_no_llm_only_widgets(built: Built) -> None:
 
 def test_latency_widgets_show_p50_p90_p99_and_label_their_units(built: Built) -> None:
     for fragment, metric_name, unit in (("Time to first token", "TimeToFirstToken", "ms"),
+                                        ("Time per output token", "TimePerOutputToken", "ms"),
                                         ("request latency", "RequestLatency", "ms"),
                                         ("ModelLatency", "ModelLatency", "µs")):
         widget = built.widget(LLM_TITLE, fragment)
@@ -321,8 +326,17 @@ def test_latency_widgets_show_p50_p90_p99_and_label_their_units(built: Built) ->
                                                     for p in ("p50", "p90", "p99")]
         assert f"({unit})" in widget["properties"]["yAxis"]["left"]["label"]
         assert unit in widget["properties"]["title"]
-    sla_us = built.settings.llm.alarms.latency_p99_sla_ms * 1000
-    assert sla_us in annotations(built.widget(LLM_TITLE, "ModelLatency"))
+    # The LLM pages on what users feel: the SLO lines are on TTFT and TPOT, none on ModelLatency
+    # (it stays on the dashboard, a whole generation); the classifier's ModelLatency has its SLA.
+    alarms = built.settings.llm.alarms
+    assert "time-to-first-token-p99" in annotations(
+        built.widget(LLM_TITLE, "Time to first token"))[alarms.time_to_first_token_p99_ms]
+    assert "time-per-output-token-p99" in annotations(
+        built.widget(LLM_TITLE, "Time per output token"))[alarms.time_per_output_token_p99_ms]
+    assert annotations(built.widget(LLM_TITLE, "ModelLatency")) == {}
+    intent_sla_us = EndpointAlarmSettings().latency_p99_sla_ms * 1000
+    assert "model-latency-p99" in annotations(
+        built.widget(INTENT_TITLE, "ModelLatency"))[intent_sla_us]
     intent = metric_rows(built.widget(INTENT_TITLE, "Intent classification latency"))
     assert [(r.name, r.stat) for r in intent] == [("IntentLatency", p)
                                                   for p in ("p50", "p90", "p99")]
@@ -378,7 +392,8 @@ def test_an_llm_section_needs_the_context_window(built: Built) -> None:
     with pytest.raises(ValueError, match="an llm endpoint needs max_model_len"):
         DashboardEndpoint(title="x", endpoint_name="e", variant_name="v", kind="llm",
                           instance_type=built.settings.llm.instance_type,
-                          scaling=built.settings.llm.scaling, alarms=built.llm_alarms)
+                          scaling=built.settings.llm.scaling,
+                          fleet=built.settings.llm.fleet_plan(), alarms=built.llm_alarms)
 
 
 def test_intent_predictions_one_metric_per_intent_label(built: Built) -> None:
@@ -401,6 +416,7 @@ def test_instances_vs_schedule_uses_the_alarm_expression_and_the_settings(
     built: Built, title: str,
 ) -> None:
     scaling = built.settings.llm.scaling
+    fleet = built.settings.llm.fleet_plan()
     widget = built.widget(title, "Instances vs schedule")
     expression, inputs = _math_widget(widget)
     assert expression.expression == INSTANCE_COUNT_EXPRESSION
@@ -410,11 +426,12 @@ def test_instances_vs_schedule_uses_the_alarm_expression_and_the_settings(
     lines = annotations(widget)
     assert "min capacity" in lines[scaling.min_capacity]
     assert "max capacity" in lines[scaling.max_capacity]
-    off_peak, business = scaling.off_peak, scaling.business_hours
+    # the capacity model's daily ranges, not numbers typed in the settings
+    off_peak, business = fleet.off_peak, fleet.business_hours
     assert f"off-peak floor {off_peak.min_capacity}" in lines[off_peak.min_capacity]
-    assert off_peak.start in lines[off_peak.min_capacity]
+    assert scaling.off_peak.start in lines[off_peak.min_capacity]
     assert f"business hours floor {business.min_capacity}" in lines[business.min_capacity]
-    assert business.start in lines[business.min_capacity]
+    assert scaling.business_hours.start in lines[business.min_capacity]
     assert f"off-peak ceiling {off_peak.max_capacity}" in lines[off_peak.max_capacity]
 
 
@@ -432,14 +449,16 @@ def test_instances_vs_schedule_draws_the_range_in_force_the_alarm_compares_with(
 
 
 def test_invocations_per_instance_against_the_scaling_target(built: Built) -> None:
-    scaling = built.settings.llm.scaling
+    fleet = built.settings.llm.fleet_plan()
     widget = built.widget(LLM_TITLE, "Invocations per instance vs scaling target")
     expression, inputs = _math_widget(widget)
     assert expression.expression == "perinstance / (PERIOD(perinstance) / 60)"
     assert (inputs["perinstance"].name, inputs["perinstance"].stat) == (
         "InvocationsPerInstance", "Sum")
     lines = annotations(widget)
-    assert "target tracking" in lines[scaling.target_invocations_per_instance_per_min]
+    assert "target tracking" in lines[fleet.target_invocations_per_instance_per_min]
+    assert "step scaling" in lines[fleet.step_threshold_invocations_per_instance_per_min]
+    assert "sustainable" in lines[fleet.per_instance_invocations_per_min]
 
 
 @pytest.mark.parametrize(("title", "instance"), [(LLM_TITLE, "ml.g5.xlarge"),

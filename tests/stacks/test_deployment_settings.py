@@ -107,8 +107,6 @@ def test_inf2_has_guardrails() -> None:
                            min_capacity=2, max_capacity=4)
     data["intent"].update(target="inf2", instance_type="ml.inf2.xlarge",
                           artifact_key="models/intent/distilbert-manga-intent-inf2/model.tar.gz")
-    data["intent"]["scaling"]["off_peak"].update(min_capacity=2, max_capacity=4)
-    data["intent"]["scaling"]["business_hours"].update(min_capacity=2, max_capacity=4)
     settings = parse_settings(data, source="config/dev.yaml")
     assert settings.intent.deployment.step_percent == 50
     assert guardrails_supported("ml.inf2.xlarge") and guardrails_supported("ml.g5.xlarge")

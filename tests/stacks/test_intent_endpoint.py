@@ -93,8 +93,11 @@ def test_scaling_keeps_two_instances_off_peak_and_follows_the_calendar(
     target = resource(prod, "AWS::ApplicationAutoScaling::ScalableTarget", "IntentScaling")
     assert target["ResourceId"] == "endpoint/manga-assist-prod-intent/variant/AllTraffic"
     actions = {a["ScheduledActionName"]: a for a in target["ScheduledActions"]}
-    assert actions["floor-off-peak"]["ScalableTargetAction"] == {"MinCapacity": 2,
-                                                                 "MaxCapacity": 4}
+    fleet = load_settings("prod").intent.fleet_plan()
+    # Two warm instances at night (seed 001): the night's traffic needs fewer.
+    assert fleet.off_peak.min_capacity == 2
+    assert actions["floor-off-peak"]["ScalableTargetAction"] == {
+        "MinCapacity": 2, "MaxCapacity": fleet.off_peak.max_capacity}
     assert "calendar-weekly-shonen-jump-prescale" in actions
     # The calendar Lambda reconciles both targets.
     (function,) = [r["Properties"] for r in prod["Resources"].values()

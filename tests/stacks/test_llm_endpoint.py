@@ -56,6 +56,36 @@ def test_container_environment_is_the_budget_plan(serving: dict[str, Any], stage
     assert not [k for k in env if k.startswith("VLLM_")], "VLLM_* variables are vLLM's own"
 
 
+def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
+                                                        stage: str) -> None:
+    """The bucket caps, the KV watermark and the context window in the synthesized environment
+    are the capacity model's, and the gateway reads back exactly those numbers — not its
+    built-in defaults (S=128, M=64, L=32, XL=8)."""
+    from gateway import settings as gateway_settings
+    from request_buckets import RequestBucket
+
+    llm = load_settings(stage.lower()).llm
+    capacity = llm.capacity_plan()
+    env = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    assert env["GATEWAY_BUCKET_CAPS"] == capacity.instance.gateway_bucket_caps()
+    loaded = gateway_settings.load_settings(env).gateway
+    caps = {bucket.value: capacity.instance.cap_of(bucket) for bucket in RequestBucket}
+    assert dict(loaded.buckets.caps) == caps
+    assert loaded.admission_watermark == llm.capacity.admission_watermark
+    window = llm.context_window
+    split = loaded.context_split
+    assert (split.system, split.rag, split.history, split.output) == (
+        window.system, window.rag, window.history, window.output)
+    # Each cap is what the KV pool holds of the bucket's largest request under the watermark,
+    # bounded by max_num_seqs and the latency SLO's batch: XL is the pool's 4,096-token share.
+    plan = capacity.memory_plan
+    admissible = int(llm.capacity.admission_watermark * plan.kv_pool_blocks)
+    assert caps["XL"] == min(admissible // (plan.max_model_len // plan.block_size),
+                             plan.max_num_seqs, capacity.instance.slo_limit)
+    assert caps != {"S": 128, "M": 64, "L": 32, "XL": 8}
+    assert caps["XL"] > 8, "a long conversation is no longer capped below what the pool holds"
+
+
 def test_the_gateway_accepts_every_variable_the_stack_sets(serving: dict[str, Any]) -> None:
     from gateway import settings as gateway_settings
     env = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
@@ -158,7 +188,7 @@ def test_endpoint_is_blue_green_with_alarm_rollback(serving: dict[str, Any], sta
     names = {serving["Resources"][ref]["Properties"]["AlarmName"] for ref in rollback}
     prefix = f"manga-assist-{stage.lower()}-llm"
     assert names == {f"{prefix}-invocation-5xx", f"{prefix}-oom-circuit-trips",
-                     f"{prefix}-model-latency-p99"}
+                     f"{prefix}-time-to-first-token-p99", f"{prefix}-time-per-output-token-p99"}
 
 
 def test_endpoint_name_is_exported(serving: dict[str, Any], stage: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -54,20 +55,74 @@ def test_scalable_target_is_the_llm_variant(synthesized, stage: str) -> None:  #
         "registered"
 
 
-def test_target_tracking_on_invocations_per_instance(prod: dict[str, Any]) -> None:
-    Template.from_json(prod).has_resource_properties("AWS::ApplicationAutoScaling::ScalingPolicy", {
-        "PolicyType": "TargetTrackingScaling",
-        "TargetTrackingScalingPolicyConfiguration": {
-            "PredefinedMetricSpecification": {
-                "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
-            "TargetValue": 200,
-            "ScaleOutCooldown": 60,
-            "ScaleInCooldown": 600,
-        },
-    })
+def tracking(template: dict[str, Any], metric: str) -> dict[str, Any]:
+    (config,) = [r["Properties"]["TargetTrackingScalingPolicyConfiguration"]
+                 for k, r in template["Resources"].items()
+                 if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
+                 and k.startswith("LlmScaling")
+                 and r["Properties"]["PolicyType"] == "TargetTrackingScaling"
+                 and r["Properties"]["TargetTrackingScalingPolicyConfiguration"][
+                     "PredefinedMetricSpecification"]["PredefinedMetricType"] == metric]
+    return config
+
+
+def test_target_tracking_on_invocations_per_instance_at_the_capacity_models_target(
+    prod: dict[str, Any],
+) -> None:
+    fleet = load_settings("prod").llm.fleet_plan()
+    config = tracking(prod, "SageMakerVariantInvocationsPerInstance")
+    assert config["TargetValue"] == fleet.target_invocations_per_instance_per_min
+    # sustainable ÷ (1 + headroom), rounded down to a whole invocation per minute
+    assert config["TargetValue"] == int(fleet.per_instance_invocations_per_min
+                                        / (1 + fleet.headroom))
+    assert (config["ScaleOutCooldown"], config["ScaleInCooldown"]) == (60, 600)
+
+
+def test_high_resolution_concurrency_tracking_as_application_auto_scaling_accepts_it(
+    prod: dict[str, Any],
+) -> None:
+    """SageMaker Developer Guide, "Define a scaling policy"
+    (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-add-code-define.html),
+    section "Specify a high-resolution predefined metric (CloudWatch metrics:
+    ConcurrentRequestsPerModel and ConcurrentRequestsPerCopy)": a variant's target-tracking
+    configuration is a ``TargetValue`` and a ``PredefinedMetricSpecification`` whose
+    ``PredefinedMetricType`` is ``SageMakerVariantConcurrentRequestsPerModelHighResolution``;
+    ConcurrentRequestsPerModel is "the number of concurrent requests being received by a model
+    container" (requests queued in the container and streams until their last token included),
+    emitted every 10 seconds instead of every minute, so the policy scales out sooner and scales
+    in at the standard metrics' pace. The target is therefore a number of requests per model,
+    not a rate, and needs no customized metric."""
+    capacity = load_settings("prod").llm.capacity_plan()
+    config = tracking(prod, "SageMakerVariantConcurrentRequestsPerModelHighResolution")
+    assert set(config) == {"PredefinedMetricSpecification", "TargetValue", "ScaleInCooldown",
+                           "ScaleOutCooldown"}
+    assert config["PredefinedMetricSpecification"] == {
+        "PredefinedMetricType": "SageMakerVariantConcurrentRequestsPerModelHighResolution"}
+    assert config["TargetValue"] == capacity.fleet.target_concurrent_requests_per_model
+    # the concurrency one instance holds at the SLO, less the same headroom as the rate target
+    assert config["TargetValue"] == round(capacity.instance.concurrency
+                                          / (1 + capacity.fleet.headroom), 1)
+    assert 0 < config["TargetValue"] < capacity.instance.concurrency
+    # Both policies act on the one scalable target of the variant ("ScalingTargetId"), each on a
+    # different metric: Application Auto Scaling User Guide, "Target tracking scaling policies
+    # for Application Auto Scaling"
+    # (https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-target-tracking.html):
+    # several target-tracking policies per scalable target are allowed "provided that each of
+    # them uses a different metric", and the one giving the largest capacity wins for scale-out
+    # and scale-in alike (the simulator's rule, tools/scaling_sim/engine.py _voters).
+    policies = [r["Properties"] for k, r in prod["Resources"].items()
+                if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
+                and k.startswith("LlmScaling") and r["Properties"]["PolicyType"] ==
+                "TargetTrackingScaling"]
+    assert len(policies) == 2
+    assert len({json.dumps(p["ScalingTargetId"]) for p in policies}) == 1
+    metrics = [p["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"]
+               ["PredefinedMetricType"] for p in policies]
+    assert len(set(metrics)) == len(metrics)
 
 
 def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
+    fleet = load_settings("prod").llm.fleet_plan()
     (policy,) = [r["Properties"] for k, r in prod["Resources"].items()
                  if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
                  and r["Properties"]["PolicyType"] == "StepScaling" and k.startswith("LlmScaling")]
@@ -76,8 +131,10 @@ def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
     assert config["Cooldown"] == 300  # ≈ the provisioning delay (docs/scaling.md)
     steps = sorted((s["MetricIntervalLowerBound"], s.get("MetricIntervalUpperBound"),
                     s["ScalingAdjustment"]) for s in config["StepAdjustments"])
-    # Bounds are relative to the alarm threshold (200/min/instance): 200-400 +2, 400-800 +4, 800+ +8.
-    assert steps == [(0, 200, 2), (200, 600, 4), (600, None, 8)]
+    # Bounds are relative to the alarm threshold (the target): +2 up to 2×, +4 to 4×, +8 beyond.
+    threshold = fleet.step_threshold_invocations_per_instance_per_min
+    assert threshold == fleet.target_invocations_per_instance_per_min
+    assert steps == [(0, threshold, 2), (threshold, 3 * threshold, 4), (3 * threshold, None, 8)]
 
 
 def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any]) -> None:
@@ -89,7 +146,8 @@ def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any])
     assert alarm["Namespace"] == "AWS/SageMaker"
     assert alarm["Period"] == 60 and alarm["EvaluationPeriods"] == 1
     assert alarm["Statistic"] == "Sum"
-    assert alarm["Threshold"] == 200
+    assert alarm["Threshold"] == load_settings("prod").llm.fleet_plan(
+    ).step_threshold_invocations_per_instance_per_min
     assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
     assert sorted(d["Name"] for d in alarm["Dimensions"]) == ["EndpointName", "VariantName"]
 
@@ -100,12 +158,15 @@ def scheduled(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_daily_floors_in_tokyo_time_with_minutes(prod: dict[str, Any]) -> None:
+    fleet = load_settings("prod").llm.fleet_plan()
     actions = scheduled(prod)
     off_peak, business = actions["floor-off-peak"], actions["floor-business-hours"]
     assert off_peak["Schedule"] == "cron(0 1 * * ? *)"
-    assert off_peak["ScalableTargetAction"] == {"MinCapacity": 2, "MaxCapacity": 6}
+    assert off_peak["ScalableTargetAction"] == {"MinCapacity": fleet.off_peak.min_capacity,
+                                                "MaxCapacity": fleet.off_peak.max_capacity}
     assert business["Schedule"] == "cron(0 8 * * ? *)"
-    assert business["ScalableTargetAction"] == {"MinCapacity": 4, "MaxCapacity": 20}
+    assert business["ScalableTargetAction"] == {
+        "MinCapacity": fleet.business_hours.min_capacity, "MaxCapacity": 20}
     for action in actions.values():
         assert action["Timezone"] == "Asia/Tokyo"
         minute = action["Schedule"].removeprefix("cron(").split()[0]
@@ -124,10 +185,13 @@ def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
     prod: dict[str, Any],
 ) -> None:
     actions = scheduled(prod)
+    fleet = load_settings("prod").llm.fleet_plan()
     jump = actions["calendar-weekly-shonen-jump-prescale"]
     assert jump["Schedule"] == "cron(0 16 ? * MON *)"  # 18:00 release − 2 h lead
-    # ceil(600/min × 2.0 ÷ 200/min × 1.3) = ceil(7.8) = 8 instances; max stays at the target's 20.
-    assert jump["ScalableTargetAction"] == {"MinCapacity": 8, "MaxCapacity": 20}
+    # ceil(busiest hour × 2.0 ÷ sustainable × (1 + headroom)); max stays at the target's 20.
+    needed = math.ceil(fleet.release_base_invocations_per_min * 2.0
+                       / fleet.per_instance_invocations_per_min * (1 + fleet.headroom))
+    assert jump["ScalableTargetAction"] == {"MinCapacity": needed, "MaxCapacity": 20}
     friday = actions["calendar-weekly-friday-release-window-prescale"]
     assert friday["Schedule"] == "cron(0 16 ? * FRI *)"
     assert actions["calendar-weekly-friday-release-window-restore"]["Schedule"] == (
@@ -135,9 +199,9 @@ def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
 
 
 def test_synthesized_actions_are_exactly_the_calendar_expansion(prod: dict[str, Any]) -> None:
-    scaling = load_settings("prod").llm.scaling
+    fleet = load_settings("prod").llm.fleet_plan()
     text = (REPO_ROOT / "config" / "release_calendar.yaml").read_text()
-    plan = build_static_schedule(text, {"llm": scaling.capacity_model()})
+    plan = build_static_schedule(text, {"llm": fleet.calendar_model()})
     expected = {a.name: (a.schedule, a.min_capacity, a.max_capacity) for a in plan.for_target("llm")}
     got = {n: (a["Schedule"], a["ScalableTargetAction"]["MinCapacity"],
                a["ScalableTargetAction"]["MaxCapacity"]) for n, a in scheduled(prod).items()}
@@ -167,7 +231,11 @@ def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
     assert env["HORIZON_DAYS"] == "14" and env["ENVIRONMENT"] == "prod"
     assert env["DRY_RUN"] == "false"
     models = json.loads(env["CALENDAR_CAPACITY_MODELS"])
-    assert models["llm"]["base_invocations_per_min"] == 600
+    fleet = load_settings("prod").llm.fleet_plan()
+    assert models["llm"]["base_invocations_per_min"] == fleet.release_base_invocations_per_min
+    assert models["llm"]["per_instance_invocations_per_min"] == (
+        fleet.per_instance_invocations_per_min)
+    assert models["llm"]["headroom"] == fleet.headroom
     assert models["llm"]["business_hours"]["start"] == "08:00"
     assert function["Runtime"].startswith("python3.")
     assert "ReservedConcurrentExecutions" not in function  # deploys in small accounts too

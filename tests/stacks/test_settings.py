@@ -203,17 +203,64 @@ def test_scaling_min_above_max() -> None:
     assert "llm.scaling: min_capacity 3 is above max_capacity 2" in message
 
 
-def test_floor_outside_the_target_limits() -> None:
+def test_a_daily_window_takes_no_capacity_figures() -> None:
+    # The minima and maxima are the capacity model's: typing them is refused, not ignored.
     data = set_path(base(), "llm.scaling.business_hours", {"start": "08:00", "min_capacity": 1,
                                                            "max_capacity": 9})
-    assert "business_hours: min 1 / max 9 must lie within the target's min_capacity 1 and " \
-           "max_capacity 2" in error_for(data)
+    message = error_for(data)
+    assert "llm.scaling.business_hours.min_capacity: unknown key" in message
+    assert "accepted keys here: start, surge_allowance" in message
+
+
+@pytest.mark.parametrize("field", ["target_invocations_per_instance_per_min",
+                                   "target_concurrent_requests_per_model"])
+def test_scaling_takes_no_target_of_its_own(field: str) -> None:
+    assert f"llm.scaling.{field}: unknown key" in error_for(
+        set_path(base(), f"llm.scaling.{field}", 200))
 
 
 def test_step_bands_must_be_contiguous() -> None:
     data = set_path(base(), "llm.scaling.step_scaling.bands", [
-        {"lower": 0, "upper": 100, "add_instances": 1}, {"lower": 150, "add_instances": 2}])
-    assert "bands[0].upper (100.0) must equal bands[1].lower (150.0)" in error_for(data)
+        {"lower": 0, "upper": 1, "add_instances": 1}, {"lower": 1.5, "add_instances": 2}])
+    assert "bands[0].upper (1.0) must equal bands[1].lower (1.5)" in error_for(data)
+
+
+def test_the_traffic_profile_has_one_value_per_hour() -> None:
+    data = set_path(base(), "llm.scaling.traffic.hourly_invocations_per_min", [5.0] * 23)
+    assert "llm.scaling.traffic.hourly_invocations_per_min" in error_for(data)
+    data = set_path(base(), "llm.scaling.traffic.hourly_invocations_per_min",
+                    [5.0] * 12 + [-1.0] + [5.0] * 11)
+    assert "hour 12:00 is -1.0; accepted: a number >= 0" in error_for(data)
+
+
+def test_the_capacity_model_refuses_an_slo_no_batch_meets() -> None:
+    data = set_path(base(), "llm.alarms.time_per_output_token_p99_ms", 5)
+    message = error_for(data)
+    assert "the capacity model refuses this configuration" in message
+    assert "even one request misses the latency SLOs" in message
+    assert "SLO 5" in message
+
+
+def test_a_mix_request_outside_its_bucket_is_refused() -> None:
+    data = set_path(base(), "llm.capacity.request_mix.S",
+                    {"share": 0.10, "prompt_tokens": 600, "max_tokens": 256,
+                     "output_tokens": 90})
+    message = error_for(data)
+    assert "S: prompt_tokens + max_tokens = 856 is bucket M, not S; accepted: S ≤ 512 tokens" \
+        in message
+
+
+def test_a_gpu_without_a_decode_profile_is_refused_with_the_fix() -> None:
+    data = set_path(base(), "llm.instance_type", "ml.g6e.xlarge")
+    message = error_for(data)
+    assert "no decode profile for NVIDIA L40S / llama-3-8b-instruct" in message
+    assert "scripts/gpu-smoke.sh" in message
+
+
+def test_the_intent_endpoint_cannot_track_a_concurrency_it_has_no_figure_for() -> None:
+    data = set_path(base(), "intent.scaling.target_metric", "concurrent_requests_per_model")
+    assert "needs a concurrency per instance, which only the LLM's capacity model derives" in \
+        error_for(data)
 
 
 def test_duplicate_adapter_and_too_many_lora_slots() -> None:

@@ -6,8 +6,9 @@ events); each simulated minute, the scaling-limits Lambda's own code publishes t
 would read from DescribeScalableTargets (EMF, read back as CloudWatch Logs would); SageMaker's
 Invocations and InvocationsPerInstance come from the same minutes. The alarm is then replayed
 from the template (tools/scaling_sim/alarm.py) and must be in ALARM exactly when the variant has
-sat at the maximum *in force* for ``pinned_at_max_minutes`` minutes: 6 at night in production,
-20 while a dated release's pre-scale is in force (even at night), 2 in dev.
+sat at the maximum *in force* for ``pinned_at_max_minutes`` minutes: the capacity model's night
+ceiling in production (9), 20 while a dated release's pre-scale is in force (even at night), 2
+in dev.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import pytest
 
 from lambdas.scaling_limits import handler as limits_lambda
 from stacks.settings import load_settings
-from tools.scaling_sim.__main__ import DEFAULT_CALENDAR, dated_actions
+from tools.scaling_sim.__main__ import DEFAULT_CALENDAR, dated_actions, simulation_params
 from tools.scaling_sim.alarm import find_alarm, metric_key, metrics_from_emf
-from tools.scaling_sim.engine import MinuteSample, SimulationParams, simulate
+from tools.scaling_sim.engine import MinuteSample, simulate
 from tools.scaling_sim.template import scaling_setup
 from tools.scaling_sim.traces import Trace, release_multiplier
 
@@ -168,15 +169,16 @@ def replay(synthesized: Any, stage: str, target: str, timeline: str, calendar: P
                      if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
                      and r["Properties"]["ResourceId"] == resource_id]
     setup = scaling_setup(template, scalable_target=logical_id)
-    start, load = TIMELINES[timeline](scaling.off_peak.max_capacity)
-    per_instance_target = scaling.target_invocations_per_instance_per_min
+    fleet = endpoint_settings.fleet_plan()
+    start, load = TIMELINES[timeline](fleet.off_peak.max_capacity)
+    per_instance_target = fleet.target_invocations_per_instance_per_min
     trace = Trace(name=f"{timeline}-{target}", description="", start=start,
                   invocations_per_min=tuple(round(x * per_instance_target, 1) for x in load))
     extra, notes = dated_actions(trace, setup, calendar)
     assert not [n for n in notes if "simulpub" in n], notes
-    result = simulate(trace, setup, SimulationParams(
-        provisioning_delay_s=360, instance_capacity_per_min=1.5 * per_instance_target),
-        extra_actions=extra)
+    result = simulate(trace, setup, simulation_params(
+        setup, delay_min=scaling.provisioning_delay_s / 60, capacity_override=None,
+        instance_type=None, usd_override=None), extra_actions=extra)
     data = sagemaker_metrics(result.samples, endpoint)
     data.update(published_limits(result.samples, resource_id, start,
                                  skip=skip_published or (lambda minute: False)))
@@ -210,20 +212,28 @@ def test_pages_exactly_when_pinned_at_the_maximum_in_force(
     run = replay(synthesized, stage, target, timeline, release_calendar)
     assert run.states == expected_states(run.samples, run.minutes_pinned)
     settings = load_settings(stage.lower())
-    night_max = (settings.llm if target == "llm" else settings.intent).scaling.off_peak.max_capacity
+    night_max = (settings.llm if target == "llm" else settings.intent).fleet_plan(
+    ).off_peak.max_capacity
     paged_at = {s.max_capacity for s, state in zip(run.samples, run.states, strict=True)
                 if state == "ALARM"}
     # Both timelines end up capped by the off-peak ceiling, and that is what pages.
     assert night_max in paged_at, f"{run.endpoint}: the night-time surge did not page"
 
 
-def test_a_night_surge_at_6_pages_although_the_registered_max_is_20(
+def night_ceiling() -> int:
+    """Production's night maximum, as the capacity model derives it."""
+    return load_settings("prod").llm.fleet_plan().off_peak.max_capacity
+
+
+def test_a_night_surge_at_the_night_ceiling_pages_although_the_registered_max_is_20(
     synthesized: Any, release_calendar: Path
 ) -> None:
+    ceiling = night_ceiling()
+    assert ceiling < 20
     run = replay(synthesized, "Prod", "llm", "night", release_calendar)
     first = run.states.index("ALARM")
     sample = run.samples[first]
-    assert (sample.max_capacity, round(sample.in_service)) == (6, 6)
+    assert (sample.max_capacity, round(sample.in_service)) == (ceiling, ceiling)
     assert sample.start.astimezone(JST).hour in range(1, 8)  # off-peak: 01:00-08:00 JST
     assert max(s.in_service for s in run.samples) < 20, "never near the registered maximum"
 
@@ -231,20 +241,21 @@ def test_a_night_surge_at_6_pages_although_the_registered_max_is_20(
 def test_a_night_release_runs_above_the_night_maximum_without_paging(
     synthesized: Any, release_calendar: Path
 ) -> None:
+    ceiling = night_ceiling()
     run = replay(synthesized, "Prod", "llm", "release-day", release_calendar)
     window = [(s, state) for s, state in zip(run.samples, run.states, strict=True)
               if dt.time(1, 45) <= s.start.astimezone(JST).time() < dt.time(5, 0)]
     # The calendar Lambda's dated pre-scale is in force at night: a floor above the off-peak
-    # ceiling of 6 and the target's own maximum, 20. A "6 between 01:00 and 08:00" rule (metric
-    # math on the time of day) would page all through the release.
-    assert all(s.min_capacity > 6 and s.max_capacity == 20 for s, _ in window)
-    assert min(s.in_service for s, _ in window) > 6
+    # ceiling and the target's own maximum, 20. A "ceiling between 01:00 and 08:00" rule
+    # (metric math on the time of day) would page all through the release.
+    assert all(s.min_capacity > ceiling and s.max_capacity == 20 for s, _ in window)
+    assert min(s.in_service for s, _ in window) > ceiling
     assert all(state == "OK" for _, state in window)
     # The restore at 05:00 puts the off-peak range back while readers are still there: pinned
-    # at 6, and the page follows.
+    # at the night ceiling, and the page follows.
     after = [(s, state) for s, state in zip(run.samples, run.states, strict=True)
              if s.start.astimezone(JST).time() >= dt.time(5, 0)]
-    assert any(state == "ALARM" and s.max_capacity == 6 for s, state in after)
+    assert any(state == "ALARM" and s.max_capacity == ceiling for s, state in after)
 
 
 def test_a_missed_minute_of_the_published_maximum_changes_nothing(
@@ -261,7 +272,7 @@ def test_without_the_published_maximum_it_falls_back_to_the_registered_one_and_w
 ) -> None:
     silent = replay(synthesized, "Prod", "llm", "night", release_calendar,
                     skip_published=lambda m: True)
-    # Degraded, never false: compared with the registered 20, the pin at 6 does not page ...
+    # Degraded, never false: compared with the registered 20, the pin at night does not page ...
     assert "ALARM" not in silent.states
     # ... and capacity-limits-missing says why (no MaxCapacityInForce for 15 minutes).
     missing = replay(synthesized, "Prod", "llm", "night", release_calendar,

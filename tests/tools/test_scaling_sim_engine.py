@@ -11,6 +11,7 @@ import pytest
 from release_calendar import parse_schedule
 from tools.scaling_sim.engine import SimulationParams, simulate
 from tools.scaling_sim.template import (
+    CONCURRENCY_HIGH_RESOLUTION,
     MetricAlarm,
     ScalingSetup,
     ScheduledAction,
@@ -22,8 +23,7 @@ from tools.scaling_sim.traces import (
     TRACE_DIR,
     Trace,
     load_trace,
-    one_piece_trace,
-    weekday_trace,
+    shipped_traces,
 )
 
 JST = dt.timezone(dt.timedelta(hours=9))
@@ -125,22 +125,92 @@ def test_scale_in_waits_for_fifteen_low_datapoints() -> None:
 
 def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="instance_capacity_per_min 0"):
-        SimulationParams(instance_capacity_per_min=0)
+        SimulationParams(instance_capacity_per_min=0, usd_per_instance_hour=1.0)
+    with pytest.raises(ValueError, match="concurrency_per_instance -1"):
+        SimulationParams(instance_capacity_per_min=60, usd_per_instance_hour=1.0,
+                         concurrency_per_instance=-1)
 
 
 def test_shipped_traces_are_the_generated_ones() -> None:
-    assert load_trace(TRACE_DIR / "one-piece.csv") == one_piece_trace()
-    assert load_trace(TRACE_DIR / "weekday.csv") == weekday_trace()
+    # Generated from production's traffic profile and the release calendar, so they can never
+    # disagree with the numbers the floors and the pre-scales were derived from.
+    generated = shipped_traces()
+    assert load_trace(TRACE_DIR / "one-piece.csv") == generated["one-piece"]
+    assert load_trace(TRACE_DIR / "weekday.csv") == generated["weekday"]
 
 
 def test_one_piece_trace_is_three_times_base_fifteen_minutes_after_release() -> None:
-    trace_ = one_piece_trace()
+    from stacks.settings import load_settings
+
+    profile = load_settings("prod").llm.scaling.traffic.profile()
+    traces = shipped_traces()
+    trace_ = traces["one-piece"]
     by_time = {trace_.start + dt.timedelta(minutes=i): v
                for i, v in enumerate(trace_.invocations_per_min)}
     release = dt.datetime(2026, 12, 6, 20, 0, tzinfo=JST)
+    assert by_time[release] == pytest.approx(profile.at(20.0))
     assert by_time[release + dt.timedelta(minutes=15)] == pytest.approx(
         3 * by_time[release], rel=0.01)
-    assert min(weekday_trace().invocations_per_min) == pytest.approx(480)
+    # The weekday's trough is the profile's quietest hour; its peak the 18:00 Magazine (×1.8)
+    # held from 18:15 until an hour before its 3-hour window ends.
+    weekday = traces["weekday"].invocations_per_min
+    assert min(weekday) == pytest.approx(min(profile.hourly_invocations_per_min))
+    held = [profile.at(18.25 + minute / 60) for minute in range(106)]
+    assert max(weekday) == pytest.approx(1.8 * max(held), rel=0.001)
+
+
+def concurrency_setup(target: float, *, with_invocations: float | None = None) -> ScalingSetup:
+    policies = [TargetTrackingPolicy("hr", target, 60, 600, False,
+                                     metric=CONCURRENCY_HIGH_RESOLUTION)]
+    if with_invocations is not None:
+        policies.append(TargetTrackingPolicy("tt", with_invocations, 60, 600, False))
+    return ScalingSetup(logical_id="T", min_capacity=1, max_capacity=10, scheduled=(),
+                        target_tracking=tuple(policies), step=())
+
+
+CONCURRENT = SimulationParams(provisioning_delay_s=120, instance_capacity_per_min=60,
+                              usd_per_instance_hour=2.0, concurrency_per_instance=20,
+                              request_seconds=10)
+
+
+def test_high_resolution_tracking_reacts_after_three_ten_second_datapoints() -> None:
+    # 60/min = 1 request/s × 10 s = 10 in flight: at the target of 10 per model. From minute 10,
+    # 90/min: 1.5/s, but one instance serves 1/s, so 10 in flight (the gateway sheds the rest).
+    # Capped at 20 per model, the metric is 10 > 8 (target) for 30 s: desired ceil(10/8) = 2 at
+    # 10:30 — two and a half minutes before InvocationsPerInstance's three minutes.
+    result = simulate(trace(*[60.0] * 10, *[90.0] * 10), concurrency_setup(8),
+                      CONCURRENT)
+    assert result.samples[0].desired == 2  # 10 in flight at start needs ceil(10/8)
+    result = simulate(trace(*[40.0] * 10, *[120.0] * 10), concurrency_setup(8), CONCURRENT)
+    # 40/min: 6.7 in flight, 1 instance. 120/min: 1 instance serves 60 → 10 in flight > 8.
+    moments = [(t - START).total_seconds() for t, text in result.activities
+               if "concurrency" in text]
+    assert moments and moments[0] == 10 * 60 + 30
+    assert any("desired 1 -> 2" in text for _, text in result.activities)
+    # the new instance serves 2 min later, at 12:30; only then does the fleet sustain 120/min
+    assert result.last_overload is not None
+    assert result.last_overload <= START + dt.timedelta(minutes=13)
+
+
+def test_the_concurrency_needs_the_capacity_models_figures() -> None:
+    with pytest.raises(ValueError, match="needs concurrency_per_instance and request_seconds"):
+        simulate(trace(60.0), concurrency_setup(8), ONE_PER_SECOND)
+
+
+def test_with_several_tracking_policies_scale_in_needs_every_one() -> None:
+    # After a burst to 10 instances, 10/min: invocations say 1 instance is plenty (1/min per
+    # instance against 60); 10/min × 10 s = 1.7 in flight, 0.17 per model, is not below 90 % of
+    # a 0.15 concurrency target, so that policy is not ready and nothing scales in.
+    burst = (*[120.0] * 3, *[10.0] * 40)
+    held = simulate(trace(*burst), concurrency_setup(0.15, with_invocations=60), CONCURRENT)
+    assert held.samples[3].desired == 10
+    assert held.samples[-1].desired == 10
+    # At a 0.5 target both are ready after 15 low minutes: scale in to the larger proposal,
+    # ceil(1.7 / 0.5) = 4, not the invocations policy's 1.
+    agreed = simulate(trace(*burst), concurrency_setup(0.5, with_invocations=60), CONCURRENT)
+    assert agreed.samples[-1].desired == 4
+    alone = simulate(trace(*burst), setup(tracking=60), CONCURRENT)
+    assert alone.samples[-1].desired == 1
 
 
 @pytest.mark.parametrize(

@@ -71,8 +71,8 @@ def test_another_target_can_be_chosen(template: dict[str, Any]) -> None:
     ("edit", "fragment"),
     [(lambda r: r["LlmScalingTargetTracking"]["Properties"][
         "TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"].update(
-        PredefinedMetricType="SageMakerVariantConcurrentRequestsPerModelHighResolution"),
-      "LlmScalingTargetTracking: target tracking on 'SageMakerVariantConcurrentRequestsPer"),
+        PredefinedMetricType="SageMakerVariantCPUUtilization"),
+      "LlmScalingTargetTracking: target tracking on 'SageMakerVariantCPUUtilization'"),
      (lambda r: r["LlmStepScaleOutAlarm"]["Properties"].update(MetricName="CPUUtilization"),
       "LlmStepScaleOutAlarm: alarm on AWS/SageMaker/CPUUtilization is not modelled"),
      (lambda r: r["LlmStepScaleOutAlarm"]["Properties"].update(AlarmActions=[]),
@@ -148,3 +148,28 @@ def test_reads_a_template_cdk_synthesized(tmp_path: Path) -> None:
     assert step.alarm.threshold == 300
     assert [(s.lower, s.upper, s.adjustment) for s in step.steps] == [
         (0.0, 200.0, 2), (200.0, 600.0, 4), (600.0, None, 8)]
+
+
+def test_reads_the_capacity_models_figures_and_both_tracking_policies(synthesized) -> None:  # type: ignore[no-untyped-def]
+    """Production as synthesized: the scalable target's metadata carries what one instance
+    sustains (and at what concurrency, for how long per request), the variant's instance type
+    comes from its endpoint configuration, and both target-tracking policies are read."""
+    from stacks.settings import load_settings
+    from tools.scaling_sim.template import CONCURRENCY_HIGH_RESOLUTION, INVOCATIONS_PER_INSTANCE
+
+    capacity = load_settings("prod").llm.capacity_plan()
+    template = synthesized.template("Prod/Serving")
+    setup = scaling_setup(template, calendar_target="llm")
+    assert setup.capacity is not None
+    assert setup.capacity.invocations_per_min == capacity.fleet.per_instance_invocations_per_min
+    assert setup.capacity.concurrency == capacity.instance.concurrency
+    assert setup.capacity.request_seconds == capacity.instance.request_seconds
+    assert setup.capacity.headroom == capacity.fleet.headroom
+    assert setup.instance_type == "ml.g5.xlarge"
+    targets = {p.metric: p.target_value for p in setup.target_tracking}
+    assert targets == {
+        INVOCATIONS_PER_INSTANCE: capacity.fleet.target_invocations_per_instance_per_min,
+        CONCURRENCY_HIGH_RESOLUTION: capacity.fleet.target_concurrent_requests_per_model}
+    intent = scaling_setup(template, calendar_target="intent")
+    assert intent.instance_type == "ml.inf1.xlarge"
+    assert intent.capacity is not None and intent.capacity.concurrency is None

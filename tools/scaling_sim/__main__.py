@@ -1,10 +1,13 @@
-"""``python -m tools.scaling_sim``: figures and plots for traces, with and without the calendar.
+"""``python -m tools.scaling_sim``: figures and plots for traces, with and without the calendar,
+and the unpredicted-spike comparison.
 
-Example (the hand-written template until the stack exists; later ``cdk.out/<stack>.template.json``):
+What one instance serves and what it costs come from the template itself: the capacity model's
+figures in the scalable target's metadata and the variant's instance type priced from the
+``gpu_budget`` catalog (``--instance-capacity-per-min`` / ``--usd-per-hour`` override them, e.g.
+for the hand-written fixture, which has neither):
 
-    python -m tools.scaling_sim \\
-        --template tests/tools/scaling_sim_fixtures/scaling.template.json \\
-        --plot-dir docs/img
+    python -m tools.scaling_sim --template cdk.out/assembly-Prod/ProdServing*.template.json \\
+        --spike-env prod --plot-dir docs/img
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from release_calendar import (
     plan_dated_schedule,
 )
 from tools.scaling_sim.engine import SimulationParams, SimulationResult, simulate
-from tools.scaling_sim.plot import plot_comparison
+from tools.scaling_sim.plot import plot_comparison, plot_spike
 from tools.scaling_sim.report import markdown_table
+from tools.scaling_sim.spike import SpikeOutcome, one_piece_surge, spike_outcomes, spike_table
 from tools.scaling_sim.template import (
     ScalingSetup,
     ScheduledAction,
@@ -71,17 +75,45 @@ def run(trace: Trace, setup: ScalingSetup, extra: Sequence[ScheduledAction],
     return with_calendar, without
 
 
-def _price(instance_type: str, override: float | None) -> float:
+def _price(instance_type: str | None, override: float | None) -> float:
     if override is not None:
         return override
-    try:
-        from gpu_budget import instance_type as lookup
-    except ImportError:
-        raise SystemExit("error: gpu_budget is not importable; pass --usd-per-hour") from None
+    if instance_type is None:
+        raise ValueError("the template names no instance type for this variant; pass "
+                         "--instance-type or --usd-per-hour")
+    from gpu_budget import instance_type as lookup
+
     try:
         return float(lookup(instance_type).on_demand_usd_per_hour)
     except (KeyError, ValueError) as error:
-        raise SystemExit(f"error: --instance-type {instance_type}: {error}") from None
+        raise ValueError(f"instance type {instance_type}: {error}") from None
+
+
+def simulation_params(setup: ScalingSetup, *, delay_min: float, capacity_override: float | None,
+                      instance_type: str | None, usd_override: float | None) -> SimulationParams:
+    """Parameters from the template (capacity model figures, instance type) and the overrides."""
+    capacity = setup.capacity
+    per_minute = capacity_override if capacity_override is not None else (
+        capacity.invocations_per_min if capacity is not None else None)
+    if per_minute is None:
+        raise ValueError(f"{setup.logical_id}: the template carries no capacity-model figures "
+                         "(Metadata MangaAssist::Capacity); pass --instance-capacity-per-min")
+    return SimulationParams(
+        provisioning_delay_s=round(delay_min * 60), instance_capacity_per_min=per_minute,
+        usd_per_instance_hour=_price(instance_type or setup.instance_type, usd_override),
+        concurrency_per_instance=capacity.concurrency if capacity is not None else None,
+        request_seconds=capacity.request_seconds if capacity is not None else None)
+
+
+def spike_comparison(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
+                     env: str, multiplier: float) -> list[SpikeOutcome]:
+    """The unpredicted-spike scenarios for ``env``'s LLM capacity plan (tools/scaling_sim/spike)."""
+    from stacks.settings import load_settings
+
+    capacity = load_settings(env).llm.capacity_plan()
+    recommended = capacity.fleet_for(one_piece_surge(multiplier),
+                                     provisioning_s=params.provisioning_delay_s)
+    return spike_outcomes(trace, setup, params, current=capacity.fleet, recommended=recommended)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,34 +133,42 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="logical id of the ScalableTarget when the template has several")
     parser.add_argument("--provisioning-delay-min", type=float, nargs="+", default=[5.0, 8.0],
                         help="reactive provisioning delays to compare (default: 5 8)")
-    parser.add_argument("--instance-capacity-per-min", type=float, default=300.0,
+    parser.add_argument("--instance-capacity-per-min", type=float, default=None,
                         help="invocations per minute one instance serves before shedding "
-                             "(default: %(default)s)")
-    parser.add_argument("--instance-type", default="ml.g5.xlarge",
-                        help="priced from gpu_budget's catalog (default: %(default)s)")
+                             "(default: the capacity model's, from the template's metadata)")
+    parser.add_argument("--instance-type", default=None,
+                        help="priced from gpu_budget's catalog (default: the variant's, from "
+                             "the template)")
     parser.add_argument("--usd-per-hour", type=float, default=None,
                         help="instance price, overriding the catalog")
     parser.add_argument("--plot-dir", type=Path, default=None,
                         help="write scaling-<trace>.png here (at the longest delay)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--spike-env", default=None, metavar="ENV",
+                        help="also replay the one-piece trace without the calendar under the "
+                             "current policies, + high-resolution concurrency tracking and the "
+                             "capacity model's recommended headroom for ENV")
     args = parser.parse_args(argv)
 
     try:
         setup = scaling_setup(load_template(args.template),
                               scalable_target=args.scalable_target, calendar_target=args.target)
         traces = [load_trace(p) for p in (args.trace or sorted(TRACE_DIR.glob("*.csv")))]
-        price = _price(args.instance_type, args.usd_per_hour)
-        delays = [SimulationParams(provisioning_delay_s=round(d * 60),
-                                   instance_capacity_per_min=args.instance_capacity_per_min,
-                                   usd_per_instance_hour=price)
+        delays = [simulation_params(setup, delay_min=d,
+                                    capacity_override=args.instance_capacity_per_min,
+                                    instance_type=args.instance_type,
+                                    usd_override=args.usd_per_hour)
                   for d in args.provisioning_delay_min]
     except (TemplateError, ValueError, CalendarError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    first = delays[0]
     print(f"template {args.template}: scalable target {setup.logical_id} (calendar target "
           f"{setup.calendar_target}), {len(setup.scheduled)} scheduled actions, "
           f"{len(setup.target_tracking)} target-tracking and {len(setup.step)} step policies; "
-          f"{args.instance_type} at ${price:.3f}/h", file=sys.stderr)
+          f"{args.instance_type or setup.instance_type or 'priced'} at "
+          f"${first.usd_per_instance_hour:.3f}/h, {first.instance_capacity_per_min:g} "
+          "invocations/min per instance", file=sys.stderr)
     figures: list[dict[str, object]] = []
     for trace in traces:
         try:
@@ -160,9 +200,58 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = plot_comparison(trace, pair[0], pair[1],
                                    args.plot_dir / f"scaling-{trace.name}.png")
             print(f"wrote {path}", file=sys.stderr)
+    if args.spike_env is not None:
+        spike_trace = next((t for t in traces if t.name == "one-piece"), None)
+        if spike_trace is None:
+            spike_trace = load_trace(TRACE_DIR / "one-piece.csv")
+        peak = max(spike_trace.invocations_per_min) / spike_trace.invocations_per_min[0]
+        multiplier = _one_piece_multiplier(args.calendar)
+        print(f"### Unpredicted spike: {spike_trace.name} without the calendar (×{multiplier:g} "
+              f"in 15 min; peak {peak:.1f}× the 17:00 load), capacity plan of "
+              f"{args.spike_env}\n")
+        outcomes: list[SpikeOutcome] = []
+        for params in delays:
+            print(f"simulating the spike at a {params.provisioning_delay_s / 60:g}-minute "
+                  "provisioning delay ...", file=sys.stderr)
+            try:
+                outcomes.extend(spike_comparison(spike_trace, setup, params, env=args.spike_env,
+                                                 multiplier=multiplier))
+            except ValueError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
+        print(spike_table(outcomes))
+        print()
+        figures.extend({"trace": spike_trace.name, "scenario": f"spike: {o.label}",
+                        "provisioning_delay_s": o.result.params.provisioning_delay_s,
+                        "headroom": o.headroom,
+                        "target_invocations_per_instance_per_min":
+                            o.target_invocations_per_instance_per_min,
+                        "dropped_percent": round(o.result.dropped_percent, 3),
+                        "worst_minute_dropped_percent": round(o.worst_minute_percent, 1),
+                        "seconds_over_capacity": o.error_seconds,
+                        "meets_seed": o.meets_seed, "peak_instances": o.result.peak_in_service,
+                        "instance_hours": round(o.result.instance_hours, 2),
+                        "cost_usd": round(o.result.cost_usd, 2)} for o in outcomes)
+        if args.plot_dir is not None:
+            longest = max(p.provisioning_delay_s for p in delays)
+            path = plot_spike(spike_trace, [o for o in outcomes
+                                            if o.result.params.provisioning_delay_s == longest],
+                              args.plot_dir / f"spike-{spike_trace.name}.png")
+            print(f"wrote {path}", file=sys.stderr)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def _one_piece_multiplier(calendar_path: Path) -> float:
+    """The One Piece event's multiplier in the calendar (the spike the trace replays)."""
+    from tools.scaling_sim.traces import ONE_PIECE_EVENT
+
+    parsed = parse_calendar(calendar_path.read_text(encoding="utf-8"), source=str(calendar_path))
+    event = next((e for e in parsed.calendar.dated if e.event_id == ONE_PIECE_EVENT), None)
+    if event is None:
+        raise SystemExit(f"error: {calendar_path} has no dated event {ONE_PIECE_EVENT}")
+    return event.multiplier
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 The model, and its assumptions (each a parameter where it is a number):
 
 * **Fleet.** Each in-service instance serves ``instance_capacity_per_min`` invocations per
-  minute; requests beyond the fleet's capacity in a second are dropped (the gateway sheds with
-  429/503 — no queue is modelled). Instances asked for become in-service after
+  minute — the capacity model's sustainable rate, read from the template's metadata; requests
+  beyond the fleet's capacity in a second are dropped (the gateway sheds with 429/503 — no queue
+  is modelled). Instances asked for become in-service after
   ``provisioning_delay_s`` (5-8 min for a g5 with a 16 GB model, seed 001 story 7); they are billed
   from launch. Scale-in removes pending launches first, then in-service instances, at once.
 * **Scheduled actions** set MinCapacity/MaxCapacity at their fire times (in their own
@@ -18,6 +19,12 @@ The model, and its assumptions (each a parameter where it is a number):
   ScaleInCooldown has passed since the last scaling activity (Application Auto Scaling's own
   alarms are 3 of 3 and 15 of 15 one-minute datapoints). A scale-out during ScaleOutCooldown is
   allowed when it asks for more than the current desired count, as AWS documents.
+* **Target tracking on ConcurrentRequestsPerModel (high resolution)**: requests in flight =
+  served rate × ``request_seconds`` (Little's law), at most ``concurrency_per_instance`` per
+  in-service instance (beyond it the gateway sheds); one datapoint every
+  ``high_resolution_period_s`` (SageMaker emits it every 10 s), scale out after
+  ``tracking_high_datapoints`` consecutive ones above the target, to ceil(in flight ÷ target);
+  scale in like the standard metric (AWS: "the policy scales in at the same rate").
 * **Step scaling**: its alarm is evaluated every Period from the same datapoints; while in ALARM
   the policy runs once a minute (CloudWatch re-invokes Auto Scaling actions), at most once per
   Cooldown, adjusting the desired count by the band of (metric − threshold).
@@ -34,9 +41,11 @@ from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
 from tools.scaling_sim.template import (
+    CONCURRENCY_HIGH_RESOLUTION,
     ScalingSetup,
     ScheduledAction,
     StepScalingPolicy,
+    TargetTrackingPolicy,
 )
 from tools.scaling_sim.traces import Trace
 
@@ -45,14 +54,22 @@ _EPSILON = 1e-9
 
 @dataclass(frozen=True)
 class SimulationParams:
-    """The fleet and the Auto Scaling behaviour the template does not say."""
+    """The fleet and the Auto Scaling behaviour the template does not say.
 
+    ``instance_capacity_per_min`` (and, for the high-resolution policy,
+    ``concurrency_per_instance`` and ``request_seconds``) are the capacity model's figures: the
+    CLI reads them from the template (:attr:`ScalingSetup.capacity`); the price is the catalog's.
+    """
+
+    instance_capacity_per_min: float
+    usd_per_instance_hour: float
     provisioning_delay_s: int = 360
-    instance_capacity_per_min: float = 300.0
-    usd_per_instance_hour: float = 1.90
+    concurrency_per_instance: float | None = None
+    request_seconds: float | None = None
     tracking_high_datapoints: int = 3
     tracking_low_datapoints: int = 15
     tracking_scale_in_ratio: float = 0.9
+    high_resolution_period_s: int = 10
 
     def __post_init__(self) -> None:
         if self.provisioning_delay_s < 0:
@@ -60,6 +77,13 @@ class SimulationParams:
         if self.instance_capacity_per_min <= 0:
             raise ValueError(f"instance_capacity_per_min {self.instance_capacity_per_min}; "
                              "accepted: > 0")
+        for name in ("concurrency_per_instance", "request_seconds"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} {value}; accepted: > 0 or None")
+        if 60 % self.high_resolution_period_s:
+            raise ValueError(f"high_resolution_period_s {self.high_resolution_period_s}; "
+                             "accepted: a divisor of 60")
         if self.usd_per_instance_hour < 0:
             raise ValueError(f"usd_per_instance_hour {self.usd_per_instance_hour}; "
                              "accepted: >= 0")
@@ -170,13 +194,27 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
                if exclude_prefix is None or not a.name.startswith(exclude_prefix)]
     firings = _firings(actions, trace)
     low, high = _range_at_start(actions, trace.start, setup)
-    tracking = setup.target_tracking[0] if setup.target_tracking else None
+    invocation_policies = [p for p in setup.target_tracking
+                           if p.metric != CONCURRENCY_HIGH_RESOLUTION]
+    concurrency_policies = [p for p in setup.target_tracking
+                            if p.metric == CONCURRENCY_HIGH_RESOLUTION]
+    if concurrency_policies and (params.concurrency_per_instance is None
+                                 or params.request_seconds is None):
+        raise ValueError("target tracking on ConcurrentRequestsPerModel needs "
+                         "concurrency_per_instance and request_seconds (the capacity model's "
+                         "figures in the template's metadata)")
     first_rate = trace.invocations_per_min[0]
-    initial = math.ceil(first_rate / tracking.target_value) if tracking else low
+    initial = max([math.ceil(first_rate / p.target_value) for p in invocation_policies]
+                  + [math.ceil(first_rate / 60 * (params.request_seconds or 0) / p.target_value)
+                     for p in concurrency_policies] + [low])
     fleet = _Fleet(min(max(initial, low), high), low, high, params.provisioning_delay_s)
 
     per_instance_per_s = params.instance_capacity_per_min / 60
+    period_s = params.high_resolution_period_s
     datapoints: list[float] = []
+    concurrency_minutes: list[float] = []
+    concurrency_points: list[float] = []
+    window_concurrency = 0.0
     last_step_run: dict[str, float] = {p.name: -math.inf for p in setup.step}
     last_activity = -math.inf
     samples: list[MinuteSample] = []
@@ -187,11 +225,21 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
     peak = fleet.in_service
     next_firing = 0
 
+    def change_desired(target: int, reason: str, now: int) -> None:
+        nonlocal last_activity
+        before = fleet.desired
+        fleet.set_desired(target, now)
+        if fleet.desired != before:
+            last_activity = now
+            activities.append((_at(trace, now), f"{reason}: desired {before} -> "
+                                                 f"{fleet.desired}"))
+
     for minute, offered in enumerate(trace.invocations_per_min):
         arrivals_per_s = offered / 60
         dropped_minute = 0.0
         in_service_seconds = 0
         billed_minute = 0
+        minute_concurrency = 0.0
         for second in range(minute * 60, minute * 60 + 60):
             while next_firing < len(firings) and firings[next_firing].second <= second:
                 action = firings[next_firing].action
@@ -204,12 +252,35 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
                 next_firing += 1
             fleet.promote(second)
             capacity = fleet.in_service * per_instance_per_s
+            served = min(arrivals_per_s, capacity)
             if arrivals_per_s > capacity + _EPSILON:
                 dropped_minute += arrivals_per_s - capacity
                 over_seconds += 1
             in_service_seconds += fleet.in_service
             billed_minute += fleet.in_service + len(fleet.pending)
             peak = max(peak, fleet.in_service)
+            if concurrency_policies:
+                assert params.request_seconds is not None
+                assert params.concurrency_per_instance is not None
+                in_flight = min(served * params.request_seconds,
+                                fleet.in_service * params.concurrency_per_instance)
+                per_model = in_flight / max(fleet.in_service, 1)
+                window_concurrency += per_model
+                minute_concurrency += per_model
+                if (second + 1) % period_s == 0:
+                    concurrency_points.append(window_concurrency / period_s)
+                    window_concurrency = 0.0
+                    now_s = second + 1
+                    for policy in concurrency_policies:
+                        run = concurrency_points[-params.tracking_high_datapoints:]
+                        wanted = max(1, math.ceil(
+                            concurrency_points[-1] * max(fleet.in_service, 1)
+                            / policy.target_value - _EPSILON))
+                        if (len(run) == params.tracking_high_datapoints
+                                and all(v > policy.target_value for v in run)
+                                and wanted > fleet.desired):
+                            change_desired(wanted, f"target tracking on concurrency "
+                                                   f"({concurrency_points[-1]:.1f}/model)", now_s)
         billed_seconds += billed_minute
         dropped_total += dropped_minute
         average_in_service = in_service_seconds / 60
@@ -222,55 +293,75 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
         now = (minute + 1) * 60
         metric = offered / max(average_in_service, _EPSILON)
         datapoints.append(metric)
+        concurrency_minutes.append(minute_concurrency / 60)
         out: list[tuple[int, str]] = []
         scale_in: list[tuple[int, str]] = []
-        if tracking is not None:
+        tracking_in: list[tuple[int, str]] = []
+        for tracking in invocation_policies:
             wanted = max(1, math.ceil(offered / tracking.target_value - _EPSILON))
-            high_run = datapoints[-params.tracking_high_datapoints:]
-            if (len(high_run) == params.tracking_high_datapoints
-                    and all(v > tracking.target_value for v in high_run)
-                    and wanted > fleet.desired):
+            if _tracking_out(tracking, datapoints, params) and wanted > fleet.desired:
                 out.append((wanted, f"target tracking ({metric:.0f}/instance)"))
-            low_run = datapoints[-params.tracking_low_datapoints:]
-            if (not tracking.disable_scale_in
-                    and len(low_run) == params.tracking_low_datapoints
-                    and all(v < tracking.target_value * params.tracking_scale_in_ratio
-                            for v in low_run)
-                    and now - last_activity >= tracking.scale_in_cooldown_s
+            if (_tracking_in(tracking, datapoints, params, now - last_activity)
                     and wanted < fleet.desired):
-                scale_in.append((wanted, f"target tracking ({metric:.0f}/instance)"))
-        for policy in setup.step:
-            proposal = _step_proposal(policy, datapoints, minute + 1, fleet.desired,
-                                      now - last_step_run[policy.name])
+                tracking_in.append((wanted, f"target tracking ({metric:.0f}/instance)"))
+        for tracking in concurrency_policies:
+            wanted = max(1, math.ceil(concurrency_minutes[-1] * average_in_service
+                                      / tracking.target_value - _EPSILON))
+            if (_tracking_in(tracking, concurrency_minutes, params, now - last_activity)
+                    and wanted < fleet.desired):
+                tracking_in.append((wanted, f"target tracking on concurrency "
+                                            f"({concurrency_minutes[-1]:.1f}/model)"))
+        voters = _voters(invocation_policies, concurrency_policies)
+        if voters and len(tracking_in) == voters:
+            scale_in.extend(tracking_in)
+        for step_policy in setup.step:
+            proposal = _step_proposal(step_policy, datapoints, minute + 1, fleet.desired,
+                                      now - last_step_run[step_policy.name])
             if proposal is None:
                 continue
-            last_step_run[policy.name] = now
+            last_step_run[step_policy.name] = now
             if proposal > fleet.desired:
                 out.append((proposal, f"step scaling ({metric:.0f}/instance)"))
             elif proposal < fleet.desired:
                 scale_in.append((proposal, f"step scaling ({metric:.0f}/instance)"))
         if out:
-            target, reason = max(out)
-            before = fleet.desired
-            fleet.set_desired(target, now)
-            if fleet.desired != before:
-                last_activity = now
-                activities.append((_at(trace, now), f"{reason}: desired {before} -> "
-                                                     f"{fleet.desired}"))
+            change_desired(*max(out), now)
         elif scale_in:
-            target, reason = max(scale_in)
-            before = fleet.desired
-            fleet.set_desired(target, now)
-            if fleet.desired != before:
-                last_activity = now
-                activities.append((_at(trace, now), f"{reason}: desired {before} -> "
-                                                     f"{fleet.desired}"))
+            change_desired(*max(scale_in), now)
     instance_hours = billed_seconds / 3600
     return SimulationResult(
         label=label, params=params, samples=tuple(samples), offered=trace.total_invocations,
         dropped=dropped_total, seconds_over_capacity=over_seconds,
         instance_hours=instance_hours, cost_usd=instance_hours * params.usd_per_instance_hour,
         peak_in_service=peak, activities=tuple(activities))
+
+
+def _voters(invocation: Sequence[TargetTrackingPolicy],
+            concurrency: Sequence[TargetTrackingPolicy]) -> int:
+    """Target-tracking policies that may scale in. A scalable target may carry several
+    target-tracking policies, each on a different metric, and Application Auto Scaling "scales
+    based on the policy that provides the largest capacity for both scale in and scale out"
+    (Application Auto Scaling User Guide, "Target tracking scaling policies for Application Auto
+    Scaling", https://docs.aws.amazon.com/autoscaling/application/userguide/application-auto-scaling-target-tracking.html):
+    any policy may scale out, and capacity comes down only when every policy whose scale-in is
+    enabled asks for less."""
+    return sum(1 for p in (*invocation, *concurrency) if not p.disable_scale_in)
+
+
+def _tracking_out(policy: TargetTrackingPolicy, values: Sequence[float],
+                  params: SimulationParams) -> bool:
+    run = values[-params.tracking_high_datapoints:]
+    return (len(run) == params.tracking_high_datapoints
+            and all(v > policy.target_value for v in run))
+
+
+def _tracking_in(policy: TargetTrackingPolicy, values: Sequence[float],
+                 params: SimulationParams, since_activity_s: float) -> bool:
+    run = values[-params.tracking_low_datapoints:]
+    return (not policy.disable_scale_in
+            and len(run) == params.tracking_low_datapoints
+            and all(v < policy.target_value * params.tracking_scale_in_ratio for v in run)
+            and since_activity_s >= policy.scale_in_cooldown_s)
 
 
 def _at(trace: Trace, second: int) -> dt.datetime:

@@ -1,7 +1,9 @@
 """Read the scaling policies of one SageMaker variant from a synthesized CloudFormation template.
 
 What is read ("as synthesized"): the ``AWS::ApplicationAutoScaling::ScalableTarget`` (its
-Min/MaxCapacity and ``ScheduledActions``), the ``AWS::ApplicationAutoScaling::ScalingPolicy``
+Min/MaxCapacity, ``ScheduledActions`` and the capacity model's figures the stack writes into its
+``Metadata`` — what one instance sustains, at what concurrency, how long a request lasts), the
+``AWS::ApplicationAutoScaling::ScalingPolicy``
 resources pointing at it (target tracking, and step scaling with the ``AWS::CloudWatch::Alarm``
 whose ``AlarmActions`` reference the policy), and — when the stack has the release-calendar
 Lambda — its ``CALENDAR_CAPACITY_MODELS`` and ``SCALABLE_TARGET_<TARGET>`` environment
@@ -23,6 +25,10 @@ from typing import Any
 from release_calendar import CapacityModel, Schedule, capacity_models_from_json, parse_schedule
 
 INVOCATIONS_PER_INSTANCE = "SageMakerVariantInvocationsPerInstance"
+CONCURRENCY_HIGH_RESOLUTION = "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+TRACKED_METRICS = (INVOCATIONS_PER_INSTANCE, CONCURRENCY_HIGH_RESOLUTION)
+CAPACITY_METADATA_KEY = "MangaAssist::Capacity"
+"""Where stacks/variant_scaling.py writes the capacity model's figures on the scalable target."""
 SUPPORTED_ALARM_METRIC = ("AWS/SageMaker", "InvocationsPerInstance")
 _COMPARISONS = ("GreaterThanOrEqualToThreshold", "GreaterThanThreshold", "LessThanThreshold",
                 "LessThanOrEqualToThreshold")
@@ -47,13 +53,25 @@ class ScheduledAction:
 
 @dataclass(frozen=True)
 class TargetTrackingPolicy:
-    """Target tracking on invocations per instance."""
+    """Target tracking on invocations per instance, or on the high-resolution concurrency."""
 
     name: str
     target_value: float
     scale_out_cooldown_s: int
     scale_in_cooldown_s: int
     disable_scale_in: bool
+    metric: str = INVOCATIONS_PER_INSTANCE
+
+
+@dataclass(frozen=True)
+class InstanceCapacity:
+    """The capacity model's per-instance figures, as the template's metadata carries them."""
+
+    invocations_per_min: float
+    concurrency: float | None = None
+    request_seconds: float | None = None
+    headroom: float | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,6 +134,10 @@ class ScalingSetup:
     step: tuple[StepScalingPolicy, ...]
     calendar_target: str | None = None
     capacity_models: Mapping[str, CapacityModel] = field(default_factory=dict)
+    capacity: InstanceCapacity | None = None
+    """None for a template written without the capacity model (the hand-written fixture)."""
+    instance_type: str | None = None
+    """The variant's instance type, from the endpoint's configuration (None when not found)."""
 
 
 def load_template(path: Path) -> dict[str, Any]:
@@ -190,7 +212,47 @@ def scaling_setup(template: Mapping[str, Any], *, scalable_target: str | None = 
         logical_id=scalable_target, min_capacity=int(props["MinCapacity"]),
         max_capacity=int(props["MaxCapacity"]), scheduled=scheduled,
         target_tracking=tuple(tracking), step=tuple(steps),
-        calendar_target=calendar_target or resolved_target, capacity_models=models)
+        calendar_target=calendar_target or resolved_target, capacity_models=models,
+        capacity=_capacity(scalable_target, targets[scalable_target]),
+        instance_type=_instance_type(resources, str(props.get("ResourceId", ""))))
+
+
+def _instance_type(resources: Mapping[str, Any], resource_id: str) -> str | None:
+    """The InstanceType of the variant ``endpoint/<name>/variant/<variant>`` names."""
+    parts = resource_id.split("/")
+    if len(parts) != 4 or parts[0] != "endpoint" or parts[2] != "variant":
+        return None
+    endpoint_name, variant_name = parts[1], parts[3]
+    for resource in resources.values():
+        props = resource.get("Properties", {})
+        if (resource.get("Type") != "AWS::SageMaker::Endpoint"
+                or props.get("EndpointName") != endpoint_name):
+            continue
+        reference = props.get("EndpointConfigName")
+        config_id = (reference.get("Ref") or (reference.get("Fn::GetAtt") or [None])[0]
+                     if isinstance(reference, dict) else None)
+        config = resources.get(str(config_id), {}).get("Properties", {})
+        for variant in config.get("ProductionVariants", []):
+            if variant.get("VariantName") == variant_name and "InstanceType" in variant:
+                return str(variant["InstanceType"])
+    return None
+
+
+def _capacity(logical_id: str, resource: Mapping[str, Any]) -> InstanceCapacity | None:
+    data = (resource.get("Metadata") or {}).get(CAPACITY_METADATA_KEY)
+    if data is None:
+        return None
+    try:
+        return InstanceCapacity(
+            invocations_per_min=float(data["per_instance_invocations_per_min"]),
+            concurrency=_optional_float(data.get("concurrency_per_instance")),
+            request_seconds=_optional_float(data.get("request_seconds")),
+            headroom=_optional_float(data.get("headroom")),
+            source=str(data.get("source", "")))
+    except (KeyError, TypeError, ValueError) as error:
+        raise TemplateError(f"{logical_id}: Metadata {CAPACITY_METADATA_KEY} is not readable "
+                            f"({error!r}); accepted: the object stacks/variant_scaling.py "
+                            "writes") from None
 
 
 def _calendar_lambda_environment(resources: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,14 +289,14 @@ def _utc(value: object) -> dt.datetime | None:
 def _target_tracking(lid: str, policy: Mapping[str, Any]) -> TargetTrackingPolicy:
     config = policy.get("TargetTrackingScalingPolicyConfiguration") or {}
     metric = (config.get("PredefinedMetricSpecification") or {}).get("PredefinedMetricType")
-    if metric != INVOCATIONS_PER_INSTANCE:
+    if metric not in TRACKED_METRICS:
         raise TemplateError(f"{lid}: target tracking on {metric or 'a custom metric'!r} is not "
-                            f"modelled; accepted: {INVOCATIONS_PER_INSTANCE}")
+                            f"modelled; accepted: {', '.join(TRACKED_METRICS)}")
     return TargetTrackingPolicy(
         name=lid, target_value=float(config["TargetValue"]),
         scale_out_cooldown_s=int(config.get("ScaleOutCooldown", 300)),
         scale_in_cooldown_s=int(config.get("ScaleInCooldown", 300)),
-        disable_scale_in=bool(config.get("DisableScaleIn", False)))
+        disable_scale_in=bool(config.get("DisableScaleIn", False)), metric=str(metric))
 
 
 def _step_policy(lid: str, policy: Mapping[str, Any],

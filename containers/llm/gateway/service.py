@@ -539,6 +539,7 @@ class ChatService:
                     if record.ttft_s is None and delta.token_ids:
                         record.ttft_s = self.clock() - admission.admitted_at
                     record.completion_tokens += len(delta.token_ids)
+                    record.mark_tokens(self.clock(), len(delta.token_ids))
                     if delta.text:
                         yield TextEvent(delta.text)
                     if delta.finish_reason is not None:

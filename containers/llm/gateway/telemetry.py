@@ -6,7 +6,8 @@ set the alarms do not know cannot be emitted. (The aws-embedded-metrics library 
 own documents around that check, so it is not used here.)
 
 * One line per request: an EMF document whose properties are the request's structured log
-  (request id, adapter, bucket, tokens, truncation, outcome, latency ...). Never the content.
+  (request id, adapter, bucket, tokens, truncation, outcome, latency, time to first token and
+  time per output token ...). Never the content.
 * Event lines: OOM circuit trips, breaker transitions, engine restarts (EMF + log fields).
 * A gauge line every ``GATEWAY_METRICS_INTERVAL_S``: KV usage, running / waiting, preemptions,
   breaker state.
@@ -57,6 +58,9 @@ class RequestRecord:
     rag_chunks_dropped: int = 0
     queue_wait_s: float | None = None
     ttft_s: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens_after_first: int = 0
     finish_reason: str | None = None
     fallback_reason: str | None = None
     breaker_state: str | None = None
@@ -65,6 +69,24 @@ class RequestRecord:
     error_param: str | None = None
     error_message: str | None = None
     warmup: bool = False
+
+    def mark_tokens(self, now: float, count: int) -> None:
+        """Note that ``count`` tokens arrived at ``now`` (monotonic): the stream's pace."""
+        if count <= 0:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = now
+        else:
+            self.tokens_after_first += count
+        self.last_token_at = now
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: None until a second token arrived."""
+        if (self.first_token_at is None or self.last_token_at is None
+                or self.tokens_after_first < 1):
+            return None
+        return (self.last_token_at - self.first_token_at) / self.tokens_after_first
 
     def log_fields(self, latency_s: float) -> dict[str, Any]:
         """The structured-log view: non-empty fields, latencies in milliseconds."""
@@ -94,6 +116,8 @@ class RequestRecord:
             fields["queue_wait_ms"] = round(self.queue_wait_s * 1000, 3)
         if self.ttft_s is not None:
             fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
+        if self.tpot_s is not None:
+            fields["tpot_ms"] = round(self.tpot_s * 1000, 3)
         if self.warmup:
             fields["warmup"] = True
         return fields
@@ -164,6 +188,8 @@ class Telemetry:
                 values[mc.QUEUE_WAIT] = record.queue_wait_s * 1000
             if record.ttft_s is not None:
                 values[mc.TIME_TO_FIRST_TOKEN] = record.ttft_s * 1000
+            if record.tpot_s is not None:
+                values[mc.TIME_PER_OUTPUT_TOKEN] = record.tpot_s * 1000
         elif record.outcome == "fallback":
             values[mc.FALLBACKS] = 1
         self.emit(values, **fields)

@@ -94,3 +94,33 @@ def test_gauges_publish_kv_usage_in_percent() -> None:
     assert document["KVCacheUsage"] == 42.0
     assert document["BreakerState"] == 2.0
     assert document["WaitingRequests"] == 3.0
+
+
+def test_time_per_output_token_is_the_pace_after_the_first_token() -> None:
+    sink, lines = telemetry()
+    record = RequestRecord(request_id="chatcmpl-2", path="/invocations", started=9.0,
+                           reached_engine=True, bucket="M", prompt_tokens=300,
+                           completion_tokens=41, ttft_s=0.2)
+    record.mark_tokens(100.0, 1)      # the first token: starts the clock, not counted
+    record.mark_tokens(100.4, 0)      # an empty delta changes nothing
+    for step in range(1, 21):         # 40 more tokens, two per delta, 50 ms apart
+        record.mark_tokens(100.0 + 0.05 * step, 2)
+    assert record.tpot_s is not None and abs(record.tpot_s - 0.025) < 1e-9
+    sink.request(record)
+    (document,) = parsed(lines)
+    assert_valid_emf(document)
+    assert abs(document["TimePerOutputToken"] - 25.0) < 1e-6
+    assert abs(document["tpot_ms"] - 25.0) < 1e-3
+
+
+def test_a_single_token_answer_has_no_pace() -> None:
+    sink, lines = telemetry()
+    record = RequestRecord(request_id="chatcmpl-3", path="/invocations", started=9.0,
+                           reached_engine=True, bucket="S", prompt_tokens=10,
+                           completion_tokens=1, ttft_s=0.1)
+    record.mark_tokens(5.0, 1)
+    assert record.tpot_s is None
+    sink.request(record)
+    (document,) = parsed(lines)
+    assert "TimePerOutputToken" not in document and "tpot_ms" not in document
+    assert document["TimeToFirstToken"] == 100.0

@@ -1,0 +1,124 @@
+"""``python -m capacity_model``: print an environment's capacity plan, or estimate a decode profile.
+
+A thin shell: it reads ``config/<env>.yaml`` through :mod:`stacks.settings` (the same validated
+object the stacks get) and prints what :func:`capacity_model.llm_capacity` derives. Exit codes:
+0 fine, 2 a bad argument or configuration (one line per problem).
+
+    python -m capacity_model plan --env prod
+    python -m capacity_model estimate --env prod --kv-cache-dtype fp8_e5m2 --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from capacity_model.decode_speed import parse_decode_table
+from capacity_model.report import format_capacity
+from capacity_model.roofline import RooflineInputs, estimate_profile
+
+PROG = "capacity_model"
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
+
+
+def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+        return value
+    return parse
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers like 1,8,32") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers >= 1")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser."""
+    parser = _OneLineParser(prog=PROG, description="The capacity model: GPU budget → fleet.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    plan = sub.add_parser("plan", help="print an environment's LLM capacity plan")
+    plan.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    estimate = sub.add_parser(
+        "estimate", help="estimate a decode profile (roofline) for an environment's GPU and model")
+    estimate.add_argument("--env", required=True)
+    estimate.add_argument("--kv-cache-dtype", default=None,
+                          help="plan this KV dtype instead of the environment's")
+    estimate.add_argument("--memory-bandwidth-gb-s", type=_positive(float), required=True)
+    estimate.add_argument("--bandwidth-efficiency", type=_positive(float), default=0.77)
+    estimate.add_argument("--prefill-tokens-per-s", type=_positive(float), required=True)
+    estimate.add_argument("--prompt-tokens", type=_positive(int), required=True)
+    estimate.add_argument("--output-tokens", type=_positive(int), required=True)
+    estimate.add_argument("--ttft-p99-over-p50", type=_positive(float), default=2.29)
+    estimate.add_argument("--tpot-p99-over-p50", type=_positive(float), default=1.05)
+    estimate.add_argument("--batch-sizes", type=_batch_sizes, default=list(DEFAULT_BATCH_SIZES))
+    estimate.add_argument("--write", action="store_true",
+                          help="write the profile into the environment's decode-speed table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from stacks.settings import REPO_ROOT, SettingsError, load_settings
+
+    try:
+        settings = load_settings(args.env).llm
+    except SettingsError as error:
+        for line in str(error).splitlines():
+            print(f"{PROG}: error: {line}", file=sys.stderr)
+        return 2
+    if args.command == "plan":
+        capacity = settings.capacity_plan()
+        if args.json:
+            print(json.dumps({"instance": capacity.instance.to_dict(),
+                              "fleet": capacity.fleet.to_dict(),
+                              "gateway_environment": capacity.gateway_environment()},
+                             indent=2, ensure_ascii=False))
+        else:
+            print(format_capacity(capacity))
+        return 0
+    plan = settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype)
+    try:
+        inputs = RooflineInputs(
+            weights_bytes=plan.weights_bytes, kv_bytes_per_token=plan.kv_bytes_per_token,
+            memory_bandwidth_gb_s=args.memory_bandwidth_gb_s,
+            bandwidth_efficiency=args.bandwidth_efficiency,
+            prefill_tokens_per_s=args.prefill_tokens_per_s, prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens, ttft_p99_over_p50=args.ttft_p99_over_p50,
+            tpot_p99_over_p50=args.tpot_p99_over_p50)
+    except ValueError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    profile = estimate_profile(gpu=plan.gpu_model, model=plan.model_name,
+                               quantization=plan.quantization,
+                               kv_cache_dtype=plan.kv_cache_dtype, inputs=inputs,
+                               batch_sizes=args.batch_sizes)
+    if not args.write:
+        print(json.dumps(profile.to_dict(), indent=2, ensure_ascii=False))
+        return 0
+    path = REPO_ROOT / settings.capacity.decode_speed_file
+    table = parse_decode_table(path.read_text(encoding="utf-8"), source=str(path))
+    path.write_text(table.with_profile(profile).to_json(), encoding="utf-8")
+    print(f"wrote {profile.describe()} ({len(profile.points)} points, assumption) to {path}",
+          file=sys.stderr)
+    return 0

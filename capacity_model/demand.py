@@ -1,0 +1,239 @@
+"""What the traffic asks of one engine: the request-length mix, and one long conversation.
+
+**The mix** is the share of requests in each request-size bucket (:mod:`request_buckets`: S, M,
+L, XL by prompt + ``max_tokens``, fractions of ``max_model_len``) with each bucket's typical
+prompt, ``max_tokens`` and generated tokens. The gateway reserves prompt + ``max_tokens`` of KV
+for every admitted request (its worst case), so that is what bounds how many fit; the *generated*
+tokens are what the GPU spends decode steps on, so that is what bounds how many per minute.
+
+**A conversation** (seed 001, story 5: "30+ turns within the SLA", ~100 tokens a turn) is sized
+the way the gateway's context budget sizes it (``containers/llm/gateway/context_budget.py``):
+the system prompt and the retrieved context up to their shares of the window, the newest turns
+that fit the history share, the current message, and ``max_tokens`` = the output share.
+
+Pure module: standard library and :mod:`request_buckets` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from request_buckets import BUCKET_NAMES, BucketBounds, RequestBucket
+
+SHARE_TOLERANCE = 1e-6
+
+
+class DemandError(ValueError):
+    """A mix or a conversation the model cannot use; the message names the field and value."""
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks a reservation of ``tokens`` takes (whole blocks, as PagedAttention allocates)."""
+    return -(-tokens // block_size) if tokens > 0 else 0
+
+
+@dataclass(frozen=True)
+class BucketDemand:
+    """The typical request of one bucket and its share of all requests."""
+
+    bucket: RequestBucket
+    share: float
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What the gateway reserves for it: prompt + ``max_tokens``."""
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True)
+class RequestMix:
+    """The request-length mix: one :class:`BucketDemand` per bucket that occurs (shares sum to 1).
+
+    Build it with :func:`request_mix`, which checks every request against the buckets of the
+    engine's window.
+    """
+
+    demands: tuple[BucketDemand, ...]
+    bounds: BucketBounds
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        """Share-weighted prompt tokens."""
+        return sum(d.share * d.prompt_tokens for d in self.demands)
+
+    @property
+    def mean_output_tokens(self) -> float:
+        """Share-weighted generated tokens."""
+        return sum(d.share * d.output_tokens for d in self.demands)
+
+    def mean_reserved_blocks(self, block_size: int) -> float:
+        """Share-weighted KV blocks the gateway reserves per admitted request."""
+        return sum(d.share * blocks_for(d.reserved_tokens, block_size) for d in self.demands)
+
+    def share_of(self, bucket: RequestBucket | str) -> float:
+        """The share of ``bucket`` (0 when the mix has none)."""
+        key = RequestBucket(bucket)
+        return next((d.share for d in self.demands if d.bucket is key), 0.0)
+
+
+def request_mix(demands: Sequence[BucketDemand], bounds: BucketBounds) -> RequestMix:
+    """Check ``demands`` against ``bounds`` (the buckets of the engine's window).
+
+    DemandError names the bucket and the value when a share is negative, the shares do not add
+    up to 1, a bucket appears twice, the typical request is not in its own bucket, or more tokens
+    are generated than ``max_tokens`` allows.
+    """
+    problems: list[str] = []
+    seen: set[RequestBucket] = set()
+    for demand in demands:
+        name = demand.bucket.value
+        if demand.bucket in seen:
+            problems.append(f"{name}: appears twice; accepted: one entry per bucket")
+        seen.add(demand.bucket)
+        if not 0 <= demand.share <= 1:
+            problems.append(f"{name}.share: {demand.share!r}; accepted: 0 to 1")
+        for label in ("prompt_tokens", "max_tokens", "output_tokens"):
+            value = getattr(demand, label)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{name}.{label}: {value!r}; accepted: an integer >= 1")
+        if problems:
+            continue
+        if demand.output_tokens > demand.max_tokens:
+            problems.append(f"{name}.output_tokens: {demand.output_tokens} exceeds max_tokens "
+                            f"{demand.max_tokens}; accepted: at most max_tokens")
+        reserved = demand.reserved_tokens
+        if reserved > bounds.max_model_len:
+            problems.append(f"{name}: prompt_tokens + max_tokens = {reserved:,} exceeds "
+                            f"max_model_len {bounds.max_model_len:,}")
+        elif bounds.classify(reserved) is not demand.bucket:
+            problems.append(
+                f"{name}: prompt_tokens + max_tokens = {reserved:,} is bucket "
+                f"{bounds.classify(reserved).value}, not {name}; accepted: "
+                f"{bounds.label(demand.bucket)} tokens at max_model_len "
+                f"{bounds.max_model_len:,}")
+    total = sum(d.share for d in demands)
+    if not problems and abs(total - 1) > SHARE_TOLERANCE:
+        problems.append(f"shares add up to {total:g}; accepted: 1")
+    if not demands:
+        problems.append(f"no bucket given; accepted: shares for some of {', '.join(BUCKET_NAMES)}")
+    if problems:
+        raise DemandError("request mix: " + "; ".join(problems))
+    order = list(RequestBucket)
+    return RequestMix(demands=tuple(sorted(demands, key=lambda d: order.index(d.bucket))),
+                      bounds=bounds)
+
+
+# ------------------------------------------------------------------------------ conversation
+@dataclass(frozen=True)
+class ContextWindow:
+    """Shares of ``max_model_len`` for system + pinned messages, retrieved context, history and
+    the default ``max_tokens`` (the gateway's ``GATEWAY_CONTEXT_SPLIT``)."""
+
+    system: float
+    rag: float
+    history: float
+    output: float
+
+    def __post_init__(self) -> None:
+        shares = {"system": self.system, "rag": self.rag, "history": self.history,
+                  "output": self.output}
+        bad = {k: v for k, v in shares.items() if not 0 <= v <= 1}
+        if bad:
+            raise DemandError(f"context window: {bad}; accepted: shares from 0 to 1")
+        if sum(shares.values()) > 1 + SHARE_TOLERANCE:
+            raise DemandError(f"context window: shares add up to {sum(shares.values()):g}; "
+                              "accepted: at most 1")
+        if self.history <= 0 or self.output <= 0:
+            raise DemandError("context window: history and output shares must be above 0")
+
+    def default_max_tokens(self, max_model_len: int) -> int:
+        """``max_tokens`` of a request that names none (the gateway's rule)."""
+        return int(self.output * max_model_len)
+
+    def as_env(self) -> str:
+        """The gateway's ``GATEWAY_CONTEXT_SPLIT`` value."""
+        return (f"system={self.system:g},rag={self.rag:g},history={self.history:g},"
+                f"output={self.output:g}")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A long chat: ``turns`` messages of ``tokens_per_turn`` (the last is the current one),
+    a system prompt and ``rag_tokens`` of retrieved context in ``rag_chunks`` equal chunks (the
+    gateway keeps whole chunks only)."""
+
+    turns: int
+    tokens_per_turn: int
+    system_tokens: int
+    rag_tokens: int
+    rag_chunks: int = 4
+
+    def __post_init__(self) -> None:
+        for label in ("turns", "tokens_per_turn", "rag_chunks"):
+            if getattr(self, label) < 1:
+                raise DemandError(f"conversation.{label}: {getattr(self, label)}; accepted: >= 1")
+        for label in ("system_tokens", "rag_tokens"):
+            if getattr(self, label) < 0:
+                raise DemandError(f"conversation.{label}: {getattr(self, label)}; accepted: >= 0")
+
+    @property
+    def rag_chunk_tokens(self) -> int:
+        """The size of one retrieved chunk."""
+        return -(-self.rag_tokens // self.rag_chunks)
+
+
+@dataclass(frozen=True)
+class ConversationRequest:
+    """What one turn of :class:`Conversation` reserves after the gateway's context budget."""
+
+    prompt_tokens: int
+    max_tokens: int
+    turns_kept: int
+    turns_dropped: int
+    bucket: RequestBucket
+
+    @property
+    def reserved_tokens(self) -> int:
+        """prompt + ``max_tokens``: what admission reserves."""
+        return self.prompt_tokens + self.max_tokens
+
+
+def size_conversation(conversation: Conversation, window: ContextWindow,
+                      bounds: BucketBounds) -> ConversationRequest:
+    """The request the gateway builds for the conversation's latest turn.
+
+    Mirrors ``plan_context``: system up to its share, the current message, the whole retrieved
+    chunks that fit its share, then the newest whole turns that fit the history share (and what
+    is left of the window after ``max_tokens``). DemandError when the system prompt and the current
+    message alone do not fit — the gateway answers that with a 400.
+    """
+    max_model_len = bounds.max_model_len
+    max_tokens = window.default_max_tokens(max_model_len)
+    prompt_budget = max_model_len - max_tokens
+    system = conversation.system_tokens
+    if system > math.floor(window.system * max_model_len):
+        raise DemandError(
+            f"conversation.system_tokens: {system:,} exceeds the system share "
+            f"({math.floor(window.system * max_model_len):,} tokens of {max_model_len:,}); the "
+            "gateway refuses such a request")
+    current = conversation.tokens_per_turn
+    remaining = prompt_budget - system - current
+    if remaining < 0:
+        raise DemandError(f"conversation: the system prompt and the current message need "
+                          f"{system + current:,} tokens, the window leaves {prompt_budget:,}")
+    rag_room = min(math.floor(window.rag * max_model_len), remaining)
+    chunk = conversation.rag_chunk_tokens
+    rag = min(conversation.rag_chunks, rag_room // chunk if chunk else 0) * chunk
+    remaining -= rag
+    history_room = min(math.floor(window.history * max_model_len), remaining)
+    earlier_turns = conversation.turns - 1
+    kept = min(earlier_turns, history_room // conversation.tokens_per_turn)
+    prompt = system + current + rag + kept * conversation.tokens_per_turn
+    return ConversationRequest(prompt_tokens=prompt, max_tokens=max_tokens, turns_kept=kept + 1,
+                               turns_dropped=earlier_turns - kept,
+                               bucket=bounds.classify(prompt + max_tokens))

@@ -1,0 +1,92 @@
+"""``python -m capacity_model``: the plan an environment gets, and the estimate it reproduces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capacity_model import parse_decode_table
+from capacity_model.cli import main
+from stacks.settings import REPO_ROOT, load_settings
+
+
+def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--env", "prod"]) == 0
+    out = capsys.readouterr().out
+    capacity = load_settings("prod").llm.capacity_plan()
+    fleet = capacity.fleet
+    for fragment in (
+        "Gateway admission caps per instance (GATEWAY_BUCKET_CAPS)",
+        f"sustainable                   {capacity.instance.sustainable_invocations_per_min:,.1f}",
+        f"target tracking               {fleet.target_invocations_per_instance_per_min:,.1f}",
+        f"min {fleet.off_peak.min_capacity}, max {fleet.off_peak.max_capacity}",
+        "Long conversations per GPU (30 turns × 100 tokens",
+        "is an assumption (not measured)",
+    ):
+        assert fragment in out, fragment
+
+
+def test_plan_as_json_carries_the_gateway_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--env", "dev", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    capacity = load_settings("dev").llm.capacity_plan()
+    assert data["gateway_environment"]["GATEWAY_BUCKET_CAPS"] == (
+        capacity.instance.gateway_bucket_caps())
+    assert data["fleet"]["target_invocations_per_instance_per_min"] == (
+        capacity.fleet.target_invocations_per_instance_per_min)
+
+
+def test_estimate_reproduces_the_shipped_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped A10G estimate is exactly what ``estimate`` prints for its recorded inputs."""
+    table = parse_decode_table((REPO_ROOT / "config" / "decode_speed.json").read_text())
+    plan = load_settings("prod").llm.memory_plan()
+    shipped = table.lookup(plan.gpu_model, plan.model_name, plan.quantization, "auto")
+    inputs = shipped.estimated_from
+    assert main(["estimate", "--env", "prod",
+                 "--memory-bandwidth-gb-s", str(inputs["memory_bandwidth_gb_s"]),
+                 "--bandwidth-efficiency", str(inputs["bandwidth_efficiency"]),
+                 "--prefill-tokens-per-s", str(inputs["prefill_tokens_per_s"]),
+                 "--prompt-tokens", str(int(inputs["prompt_tokens"])),
+                 "--output-tokens", str(int(inputs["output_tokens"])),
+                 "--batch-sizes", ",".join(str(p.batch_size) for p in shipped.points)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == shipped.to_dict()
+
+
+def test_estimate_writes_into_a_copy_of_the_table(tmp_path: Path) -> None:
+    """``--write`` replaces the profile of the same key; run in a scratch copy of the repo's
+    config so the real table is untouched."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "config", copy / "config")
+    script = ("import sys; import stacks.settings as s; from pathlib import Path; "
+              f"s.REPO_ROOT = Path({str(copy)!r}); s.CONFIG_DIR = s.REPO_ROOT / 'config'; "
+              "from capacity_model.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "estimate", "--env", "dev", "--kv-cache-dtype",
+         "fp8_e5m2", "--memory-bandwidth-gb-s", "600", "--prefill-tokens-per-s", "3000",
+         "--prompt-tokens", "800", "--output-tokens", "150", "--batch-sizes", "1,8,64",
+         "--write"], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "wrote decode profile NVIDIA A10G / llama-3-8b-instruct / w4a16 int4 g128 / kv " \
+           "fp8_e5m2 (3 points, assumption)" in result.stderr
+    written = parse_decode_table((copy / "config" / "decode_speed.json").read_text())
+    fp8 = written.lookup("NVIDIA A10G", "llama-3-8b-instruct", "w4a16 int4 g128", "fp8_e5m2")
+    assert [p.batch_size for p in fp8.points] == [1, 8, 64]
+    assert fp8.estimated_from["prefill_tokens_per_s"] == 3000
+    assert len(written.profiles) == 2  # replaced, not added
+
+
+def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "--env", "prod", "--memory-bandwidth-gb-s", "-5",
+              "--prefill-tokens-per-s", "1", "--prompt-tokens", "1", "--output-tokens", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'-5' must be above 0" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", "--env", "staging"]) == 2
+    assert "no such environment file" in capsys.readouterr().err
