@@ -1,16 +1,19 @@
-"""Container images built from this repository, with the repo root as the build context.
+"""Container images and Lambda code built from this repository, with the repo root as the source.
 
 An image may copy shared pure modules (``gpu_budget``, ``metrics_contract``, ``intents``) next to
-its own folder, so its build context is the repository root. Only the folders an image names are
-staged into the cloud assembly; its asset hash therefore changes only when they do.
+its own folder, and a Lambda function imports them too, so both take the repository root and
+keep only the folders they name. Only those are staged into the cloud assembly; an asset's hash
+therefore changes only when they do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from stacks.settings import REPO_ROOT
@@ -25,6 +28,30 @@ def repo_asset_excludes(sources: Sequence[str]) -> list[str]:
         if not (REPO_ROOT / source).exists():
             raise ValueError(f"asset source {source!r} does not exist under {REPO_ROOT}")
     return ["*", *(f"!{source}" for source in sources), *ALWAYS_EXCLUDED]
+
+
+PYTHON_RUNTIME = lambda_.Runtime.PYTHON_3_14
+"""The platform's Lambda functions: plain boto3 and the repository's pure packages."""
+
+
+def repo_python_function(scope: Construct, id_: str, *, handler: str, sources: Sequence[str],
+                         **props: Any) -> lambda_.Function:
+    """A Python Lambda function (arm64) whose code is the repository root with only ``sources``
+    in it — the handler's folder and the pure packages it imports; no bundling step. ``props``
+    are the function's own (role, log group, timeout, environment, failure handling)."""
+    return lambda_.Function(
+        scope,
+        id_,
+        runtime=PYTHON_RUNTIME,
+        architecture=lambda_.Architecture.ARM_64,
+        handler=handler,
+        code=lambda_.Code.from_asset(
+            str(REPO_ROOT),
+            exclude=repo_asset_excludes(sources),
+            ignore_mode=cdk.IgnoreMode.DOCKER,
+        ),
+        **props,
+    )
 
 
 def repo_image_asset(

@@ -23,7 +23,6 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
@@ -34,9 +33,8 @@ from constructs import Construct, IConstruct
 from release_calendar import CapacityModel, capacity_models_to_json
 from stacks.alarm_rules import calendar_lambda_rules
 from stacks.alarms import AlarmSet
-from stacks.container_image import repo_asset_excludes
+from stacks.container_image import repo_python_function
 from stacks.nag import acknowledge, acknowledge_checkov
-from stacks.settings import REPO_ROOT
 
 LAMBDA_SOURCES: tuple[str, ...] = (
     "lambdas/release_calendar", "release_calendar", "metrics_contract", "request_buckets"
@@ -176,18 +174,12 @@ class ReleaseCalendarReconciler(Construct):
             "and need a further dead-letter queue.",
         )
 
-        self.lambda_function = lambda_.Function(
+        self.lambda_function = repo_python_function(
             self,
             "Function",
-            description=f"Reconcile dated releases into scheduled actions ({environment_name})",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            architecture=lambda_.Architecture.ARM_64,
             handler=HANDLER,
-            code=lambda_.Code.from_asset(
-                str(REPO_ROOT),
-                exclude=repo_asset_excludes(LAMBDA_SOURCES),
-                ignore_mode=cdk.IgnoreMode.DOCKER,
-            ),
+            sources=LAMBDA_SOURCES,
+            description=f"Reconcile dated releases into scheduled actions ({environment_name})",
             role=role,
             log_group=log_group,
             timeout=cdk.Duration.seconds(120),

@@ -19,13 +19,11 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.container_image import repo_asset_excludes
+from stacks.container_image import repo_python_function
 from stacks.nag import acknowledge, acknowledge_checkov
-from stacks.settings import REPO_ROOT
 
 LAMBDA_SOURCES: tuple[str, ...] = ("lambdas/scaling_limits", "metrics_contract", "request_buckets")
 HANDLER = "lambdas/scaling_limits/handler.handler"
@@ -80,18 +78,12 @@ class ScalingLimitsPublisher(Construct):
             "reads. The log wildcard is this function's own log group's streams.",
             applies_to=["Resource::*", "Resource::<ScalingLimitsLogs*.Arn>:*"],
         )
-        self.lambda_function = lambda_.Function(
+        self.lambda_function = repo_python_function(
             self,
             "Function",
-            description=f"Publish each variant's capacity range in force ({environment_name})",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            architecture=lambda_.Architecture.ARM_64,
             handler=HANDLER,
-            code=lambda_.Code.from_asset(
-                str(REPO_ROOT),
-                exclude=repo_asset_excludes(LAMBDA_SOURCES),
-                ignore_mode=cdk.IgnoreMode.DOCKER,
-            ),
+            sources=LAMBDA_SOURCES,
+            description=f"Publish each variant's capacity range in force ({environment_name})",
             role=role,
             log_group=log_group,
             timeout=cdk.Duration.seconds(30),

@@ -23,18 +23,17 @@ from stacks.alarm_rules import (
     intent_alarm_rules,
     llm_alarm_rules,
 )
-from stacks.alarms import EndpointAlarms
 from stacks.artifact_layout import artifact_layout
-from stacks.dashboard import DashboardEndpoint, InferenceDashboard
+from stacks.dashboard import InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
+from stacks.model_tier import ModelTier
 from stacks.network import ModelNetwork
 from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
 from stacks.scaling_plan import ScalingTarget, plan_scaling
 from stacks.settings import EnvironmentSettings
-from stacks.variant_scaling import VariantScaling
 
 VARIANT_NAME = "AllTraffic"
 
@@ -95,102 +94,66 @@ class ServingStack(cdk.Stack):
             for prefix in (settings.quantized_model_prefix, quantization.reports_prefix)
         ])
 
-        llm = settings.llm
+        llm, intent = settings.llm, settings.intent
         # One capacity plan per endpoint: the gateway's caps, the scaling numbers, the alarms'
         # release-window floor and the template metadata the simulator reads all come from it.
         llm_capacity = llm.capacity_plan()
         llm_fleet = llm_capacity.fleet
-        intent_fleet = settings.intent.fleet_plan()
-        llm_endpoint_name = f"{settings.resource_prefix}-llm"
-        self.llm_alarms = EndpointAlarms(
-            self,
-            "LlmAlarms",
-            endpoint_name=llm_endpoint_name,
-            variant_name=VARIANT_NAME,
-            rules=llm_alarm_rules(
-                llm.alarms,
-                gpu_count=instance_type(llm.instance_type).gpu_count,
-                max_capacity=llm.scaling.max_capacity,
-                daily_minimum=max(floor.min_capacity for floor in llm_fleet.floors),
-            ),
-            alarm_topic=alarm_topic,
-        )
-        self.llm_endpoint = LlmEndpoint(
-            self,
-            "LlmEndpoint",
-            settings=llm,
-            endpoint_name=llm_endpoint_name,
-            variant_name=VARIANT_NAME,
-            initial_instance_count=llm.scaling.min_capacity,
-            artifact_bucket=artifact_bucket,
-            model_artifact=layout.llm,
-            encryption_key=encryption_key,
-            network=self.network,
-            rollback_alarms=self.llm_alarms.by_name(ROLLBACK_RULES),
-        )
-
-        intent = settings.intent
-        intent_endpoint_name = f"{settings.resource_prefix}-intent"
-        self.intent_alarms = EndpointAlarms(
-            self,
-            "IntentAlarms",
-            endpoint_name=intent_endpoint_name,
-            variant_name=VARIANT_NAME,
-            rules=intent_alarm_rules(intent.alarms, max_capacity=intent.scaling.max_capacity),
-            alarm_topic=alarm_topic,
-        )
-        self.intent_endpoint = IntentEndpoint(
-            self,
-            "IntentEndpoint",
-            settings=intent,
-            endpoint_name=intent_endpoint_name,
-            variant_name=VARIANT_NAME,
-            initial_instance_count=intent.scaling.min_capacity,
-            artifact_bucket=artifact_bucket,
-            model_artifact=layout.intent,
-            encryption_key=encryption_key,
-            network=self.network,
-            rollback_alarms=self.intent_alarms.by_name(INTENT_ROLLBACK_RULES),
-        )
-
-        scaling_targets = {"llm": ScalingTarget(llm.scaling, llm_fleet),
-                           "intent": ScalingTarget(intent.scaling, intent_fleet)}
-        scaling_plan = plan_scaling(scaling_targets, calendar_file=settings.release_calendar.file)
+        intent_fleet = intent.fleet_plan()
+        scaling_plan = plan_scaling(
+            {"llm": ScalingTarget(llm.scaling, llm_fleet),
+             "intent": ScalingTarget(intent.scaling, intent_fleet)},
+            calendar_file=settings.release_calendar.file)
         for warning in scaling_plan.warnings:
             cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
                                                     str(warning))
-        self.llm_scaling = VariantScaling(
-            self,
-            "LlmScaling",
-            endpoint=self.llm_endpoint.sagemaker_endpoint,
-            endpoint_name=llm_endpoint_name,
-            variant_name=VARIANT_NAME,
-            settings=llm.scaling,
-            fleet=llm_fleet,
-            scheduled_actions=scaling_plan.actions["llm"],
+
+        llm_endpoint_name = f"{settings.resource_prefix}-llm"
+        self.llm = ModelTier(
+            self, "Llm", title=f"LLM (vLLM on {llm.instance_type})", kind="llm",
+            endpoint_name=llm_endpoint_name, variant_name=VARIANT_NAME,
+            instance_type=llm.instance_type,
+            alarm_rules=llm_alarm_rules(
+                llm.alarms, gpu_count=instance_type(llm.instance_type).gpu_count,
+                max_capacity=llm.scaling.max_capacity,
+                daily_minimum=max(floor.min_capacity for floor in llm_fleet.floors)),
+            rollback_rules=ROLLBACK_RULES, alarm_topic=alarm_topic,
+            build_endpoint=lambda scope, id_, rollback_alarms: LlmEndpoint(
+                scope, id_, settings=llm, endpoint_name=llm_endpoint_name,
+                variant_name=VARIANT_NAME, initial_instance_count=llm.scaling.min_capacity,
+                artifact_bucket=artifact_bucket, model_artifact=layout.llm,
+                encryption_key=encryption_key, network=self.network,
+                rollback_alarms=rollback_alarms),
+            scaling=llm.scaling, fleet=llm_fleet, scheduled_actions=scaling_plan.actions["llm"],
             capacity_metadata=llm_capacity.template_metadata(),
+            max_model_len=llm.max_model_len,
         )
-        self.intent_scaling = VariantScaling(
-            self,
-            "IntentScaling",
-            endpoint=self.intent_endpoint.sagemaker_endpoint,
-            endpoint_name=intent_endpoint_name,
-            variant_name=VARIANT_NAME,
-            settings=intent.scaling,
-            fleet=intent_fleet,
+        intent_endpoint_name = f"{settings.resource_prefix}-intent"
+        self.intent = ModelTier(
+            self, "Intent", title=f"Intent (DistilBERT on {intent.instance_type})",
+            kind="intent", endpoint_name=intent_endpoint_name, variant_name=VARIANT_NAME,
+            instance_type=intent.instance_type,
+            alarm_rules=intent_alarm_rules(intent.alarms,
+                                           max_capacity=intent.scaling.max_capacity),
+            rollback_rules=INTENT_ROLLBACK_RULES, alarm_topic=alarm_topic,
+            build_endpoint=lambda scope, id_, rollback_alarms: IntentEndpoint(
+                scope, id_, settings=intent, endpoint_name=intent_endpoint_name,
+                variant_name=VARIANT_NAME, initial_instance_count=intent.scaling.min_capacity,
+                artifact_bucket=artifact_bucket, model_artifact=layout.intent,
+                encryption_key=encryption_key, network=self.network,
+                rollback_alarms=rollback_alarms),
+            scaling=intent.scaling, fleet=intent_fleet,
             scheduled_actions=scaling_plan.actions["intent"],
             capacity_metadata=intent_fleet_metadata(intent_fleet),
         )
-        resource_ids = {
-            "llm": self.llm_scaling.resource_id,
-            "intent": self.intent_scaling.resource_id,
-        }
+        tiers = {"llm": self.llm, "intent": self.intent}
+
         # The maximum in force, published each minute: capacity-pinned-at-max compares with it.
         self.scaling_limits = ScalingLimitsPublisher(
             self,
             "ScalingLimits",
             environment_name=settings.name,
-            resource_ids=list(resource_ids.values()),
+            resource_ids=[tier.resource_id for tier in tiers.values()],
             encryption_key=encryption_key,
         )
 
@@ -204,7 +167,7 @@ class ServingStack(cdk.Stack):
                 environment_name=settings.name,
                 calendar_json=scaling_plan.calendar_json,
                 capacity_models=scaling_plan.calendar_models,
-                scalable_targets={t: resource_ids[t] for t in scaling_plan.calendar_models},
+                scalable_targets={t: tiers[t].resource_id for t in scaling_plan.calendar_models},
                 horizon_days=calendar.horizon_days,
                 daily_run_utc=(hour, minute),
                 encryption_key=encryption_key,
@@ -212,52 +175,23 @@ class ServingStack(cdk.Stack):
                 alarm_topic=alarm_topic,
             )
             # Reconcile only once the scalable targets exist; it may write only tagged ones.
-            for scaling in (self.llm_scaling, self.intent_scaling):
-                self.calendar_reconciler.node.add_dependency(scaling)
-            scalings = {"llm": self.llm_scaling, "intent": self.intent_scaling}
+            for tier in tiers.values():
+                self.calendar_reconciler.node.add_dependency(tier.scaling)
             for target in scaling_plan.calendar_models:
-                self.calendar_reconciler.manage(scalings[target].scalable_target)
+                self.calendar_reconciler.manage(tiers[target].scaling.scalable_target)
 
-
+        reconciler = self.calendar_reconciler
         self.dashboard = InferenceDashboard(
             self,
             "Dashboard",
             dashboard_name=f"{settings.resource_prefix}-inference",
-            endpoints=[
-                DashboardEndpoint(
-                    title=f"LLM (vLLM on {llm.instance_type})",
-                    endpoint_name=llm_endpoint_name,
-                    variant_name=VARIANT_NAME,
-                    kind="llm",
-                    instance_type=llm.instance_type,
-                    scaling=llm.scaling,
-                    fleet=llm_fleet,
-                    alarms=self.llm_alarms,
-                    max_model_len=llm.max_model_len,
-                ),
-                DashboardEndpoint(
-                    title=f"Intent (DistilBERT on {intent.instance_type})",
-                    endpoint_name=intent_endpoint_name,
-                    variant_name=VARIANT_NAME,
-                    kind="intent",
-                    instance_type=intent.instance_type,
-                    scaling=intent.scaling,
-                    fleet=intent_fleet,
-                    alarms=self.intent_alarms,
-                ),
-            ],
-            calendar_function_name=(
-                self.calendar_reconciler.lambda_function.function_name
-                if self.calendar_reconciler
-                else None
-            ),
-            calendar_environment=settings.name if self.calendar_reconciler else None,
-            calendar_alarms=self.calendar_reconciler.alarms if self.calendar_reconciler else None,
-            calendar_failed_runs_queue_name=(
-                self.calendar_reconciler.failed_runs_queue.queue_name
-                if self.calendar_reconciler
-                else None
-            ),
+            endpoints=[tier.dashboard_entry for tier in tiers.values()],
+            calendar_function_name=reconciler.lambda_function.function_name if reconciler
+            else None,
+            calendar_environment=settings.name if reconciler else None,
+            calendar_alarms=reconciler.alarms if reconciler else None,
+            calendar_failed_runs_queue_name=(reconciler.failed_runs_queue.queue_name
+                                             if reconciler else None),
         )
         cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
         # What `python -m quantization.launch` reads (quantization/job_outputs.py names them).
