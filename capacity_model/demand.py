@@ -91,31 +91,10 @@ def request_mix(demands: Sequence[BucketDemand], bounds: BucketBounds) -> Reques
     problems: list[str] = []
     seen: set[RequestBucket] = set()
     for demand in demands:
-        name = demand.bucket.value
-        if demand.bucket in seen:
-            problems.append(f"{name}: appears twice; accepted: one entry per bucket")
+        problems.extend(_entry_problems(demand, seen))
         seen.add(demand.bucket)
-        if not 0 <= demand.share <= 1:
-            problems.append(f"{name}.share: {demand.share!r}; accepted: 0 to 1")
-        for label in ("prompt_tokens", "max_tokens", "output_tokens"):
-            value = getattr(demand, label)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{name}.{label}: {value!r}; accepted: an integer >= 1")
-        if problems:
-            continue
-        if demand.output_tokens > demand.max_tokens:
-            problems.append(f"{name}.output_tokens: {demand.output_tokens} exceeds max_tokens "
-                            f"{demand.max_tokens}; accepted: at most max_tokens")
-        reserved = demand.reserved_tokens
-        if reserved > bounds.max_model_len:
-            problems.append(f"{name}: prompt_tokens + max_tokens = {reserved:,} exceeds "
-                            f"max_model_len {bounds.max_model_len:,}")
-        elif bounds.classify(reserved) is not demand.bucket:
-            problems.append(
-                f"{name}: prompt_tokens + max_tokens = {reserved:,} is bucket "
-                f"{bounds.classify(reserved).value}, not {name}; accepted: "
-                f"{bounds.label(demand.bucket)} tokens at max_model_len "
-                f"{bounds.max_model_len:,}")
+        if not problems:  # sizes are compared only while every entry so far is well formed
+            problems.extend(_size_problems(demand, bounds))
     total = sum(d.share for d in demands)
     if not problems and abs(total - 1) > SHARE_TOLERANCE:
         problems.append(f"shares add up to {total:g}; accepted: 1")
@@ -126,6 +105,42 @@ def request_mix(demands: Sequence[BucketDemand], bounds: BucketBounds) -> Reques
     order = list(RequestBucket)
     return RequestMix(demands=tuple(sorted(demands, key=lambda d: order.index(d.bucket))),
                       bounds=bounds)
+
+
+def _entry_problems(demand: BucketDemand, seen: set[RequestBucket]) -> list[str]:
+    """A repeated bucket, a share outside 0..1, token counts that are not integers >= 1."""
+    name = demand.bucket.value
+    problems: list[str] = []
+    if demand.bucket in seen:
+        problems.append(f"{name}: appears twice; accepted: one entry per bucket")
+    if not 0 <= demand.share <= 1:
+        problems.append(f"{name}.share: {demand.share!r}; accepted: 0 to 1")
+    for label in ("prompt_tokens", "max_tokens", "output_tokens"):
+        value = getattr(demand, label)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{name}.{label}: {value!r}; accepted: an integer >= 1")
+    return problems
+
+
+def _size_problems(demand: BucketDemand, bounds: BucketBounds) -> list[str]:
+    """More output than ``max_tokens``; a reservation beyond the window or outside its own
+    bucket."""
+    name = demand.bucket.value
+    problems: list[str] = []
+    if demand.output_tokens > demand.max_tokens:
+        problems.append(f"{name}.output_tokens: {demand.output_tokens} exceeds max_tokens "
+                        f"{demand.max_tokens}; accepted: at most max_tokens")
+    reserved = demand.reserved_tokens
+    if reserved > bounds.max_model_len:
+        problems.append(f"{name}: prompt_tokens + max_tokens = {reserved:,} exceeds "
+                        f"max_model_len {bounds.max_model_len:,}")
+    elif bounds.classify(reserved) is not demand.bucket:
+        problems.append(
+            f"{name}: prompt_tokens + max_tokens = {reserved:,} is bucket "
+            f"{bounds.classify(reserved).value}, not {name}; accepted: "
+            f"{bounds.label(demand.bucket)} tokens at max_model_len "
+            f"{bounds.max_model_len:,}")
+    return problems
 
 
 # ------------------------------------------------------------------------------ conversation

@@ -117,6 +117,35 @@ def spike_comparison(trace: Trace, setup: ScalingSetup, params: SimulationParams
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Tables on stdout, progress on stderr; exit status 0, or 2 with one ``error:`` line."""
+    args = _parser().parse_args(argv)
+    try:
+        setup, traces, delays = _inputs(args)
+    except (TemplateError, ValueError, CalendarError) as error:
+        return _error(error)
+    first = delays[0]
+    print(f"template {args.template}: scalable target {setup.logical_id} (calendar target "
+          f"{setup.calendar_target}), {len(setup.scheduled)} scheduled actions, "
+          f"{len(setup.target_tracking)} target-tracking and {len(setup.step)} step policies; "
+          f"{args.instance_type or setup.instance_type or 'priced'} at "
+          f"${first.usd_per_instance_hour:.3f}/h, {first.instance_capacity_per_min:g} "
+          "invocations/min per instance", file=sys.stderr)
+    figures: list[dict[str, object]] = []
+    for trace in traces:
+        try:
+            extra, notes = dated_actions(trace, setup, args.calendar)
+        except CalendarError as error:
+            return _error(error)
+        figures.extend(_replay(trace, setup, extra, notes, delays, args.plot_dir))
+    if args.spike_env is not None and _unpredicted_spike(args, traces, setup, delays,
+                                                         figures) != 0:
+        return 2
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tools.scaling_sim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--template", type=Path, required=True,
@@ -148,99 +177,117 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also replay the one-piece trace without the calendar under the "
                              "current policies, + high-resolution concurrency tracking and the "
                              "capacity model's recommended headroom for ENV")
-    args = parser.parse_args(argv)
+    return parser
 
-    try:
-        setup = scaling_setup(load_template(args.template),
-                              scalable_target=args.scalable_target, calendar_target=args.target)
-        traces = [load_trace(p) for p in (args.trace or sorted(TRACE_DIR.glob("*.csv")))]
-        delays = [simulation_params(setup, delay_min=d,
-                                    capacity_override=args.instance_capacity_per_min,
-                                    instance_type=args.instance_type,
-                                    usd_override=args.usd_per_hour)
-                  for d in args.provisioning_delay_min]
-    except (TemplateError, ValueError, CalendarError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    first = delays[0]
-    print(f"template {args.template}: scalable target {setup.logical_id} (calendar target "
-          f"{setup.calendar_target}), {len(setup.scheduled)} scheduled actions, "
-          f"{len(setup.target_tracking)} target-tracking and {len(setup.step)} step policies; "
-          f"{args.instance_type or setup.instance_type or 'priced'} at "
-          f"${first.usd_per_instance_hour:.3f}/h, {first.instance_capacity_per_min:g} "
-          "invocations/min per instance", file=sys.stderr)
-    figures: list[dict[str, object]] = []
-    for trace in traces:
+
+def _inputs(args: argparse.Namespace
+            ) -> tuple[ScalingSetup, list[Trace], list[SimulationParams]]:
+    """The scalable target's setup, the traces, and one set of parameters per provisioning
+    delay."""
+    setup = scaling_setup(load_template(args.template),
+                          scalable_target=args.scalable_target, calendar_target=args.target)
+    traces = [load_trace(p) for p in (args.trace or sorted(TRACE_DIR.glob("*.csv")))]
+    delays = [simulation_params(setup, delay_min=d,
+                                capacity_override=args.instance_capacity_per_min,
+                                instance_type=args.instance_type,
+                                usd_override=args.usd_per_hour)
+              for d in args.provisioning_delay_min]
+    return setup, traces, delays
+
+
+def _error(error: Exception) -> int:
+    """Print ``error`` as the one line the CLI's errors are; the exit status."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def _replay(trace: Trace, setup: ScalingSetup, extra: Sequence[ScheduledAction],
+            notes: Sequence[str], delays: Sequence[SimulationParams],
+            plot_dir: Path | None) -> list[dict[str, object]]:
+    """One trace with and without the calendar at each delay: its table on stdout, a plot at
+    the longest delay, and its figures."""
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    results: list[SimulationResult] = []
+    pair: tuple[SimulationResult, SimulationResult] | None = None
+    for params in delays:
+        print(f"simulating {trace.name} ({trace.minutes} min), provisioning delay "
+              f"{params.provisioning_delay_s / 60:g} min ...", file=sys.stderr)
+        pair = run(trace, setup, extra, params)
+        results.extend(pair)
+    print(markdown_table(trace, results))
+    print()
+    if plot_dir is not None and pair is not None:
+        path = plot_comparison(trace, pair[0], pair[1], plot_dir / f"scaling-{trace.name}.png")
+        print(f"wrote {path}", file=sys.stderr)
+    return [_result_figures(trace.name, r) for r in results]
+
+
+def _result_figures(trace_name: str, result: SimulationResult) -> dict[str, object]:
+    """One run's figures as the ``--json`` file lists them (rounded as the tables print)."""
+    r = result
+    return {"trace": trace_name, "scenario": r.label,
+            "provisioning_delay_s": r.params.provisioning_delay_s,
+            "offered": round(r.offered), "dropped": round(r.dropped),
+            "dropped_percent": round(r.dropped_percent, 3),
+            "worst_minute_dropped_percent": round(r.worst_minute_dropped_percent, 1),
+            "seconds_over_capacity": r.seconds_over_capacity,
+            "instance_hours": round(r.instance_hours, 2),
+            "cost_usd": round(r.cost_usd, 2), "peak_instances": r.peak_in_service}
+
+
+def _unpredicted_spike(args: argparse.Namespace, traces: Sequence[Trace], setup: ScalingSetup,
+                       delays: Sequence[SimulationParams],
+                       figures: list[dict[str, object]]) -> int:
+    """The one-piece trace without the calendar under ``--spike-env``'s capacity plan: its
+    table on stdout, a plot at the longest delay, its figures appended; the exit status."""
+    spike_trace = _spike_trace(traces)
+    peak = max(spike_trace.invocations_per_min) / spike_trace.invocations_per_min[0]
+    multiplier = _one_piece_multiplier(args.calendar)
+    print(f"### Unpredicted spike: {spike_trace.name} without the calendar (×{multiplier:g} "
+          f"in 15 min; peak {peak:.1f}× the 17:00 load), capacity plan of "
+          f"{args.spike_env}\n")
+    outcomes: list[SpikeOutcome] = []
+    for params in delays:
+        print(f"simulating the spike at a {params.provisioning_delay_s / 60:g}-minute "
+              "provisioning delay ...", file=sys.stderr)
         try:
-            extra, notes = dated_actions(trace, setup, args.calendar)
-        except CalendarError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-        results: list[SimulationResult] = []
-        pair: tuple[SimulationResult, SimulationResult] | None = None
-        for params in delays:
-            print(f"simulating {trace.name} ({trace.minutes} min), provisioning delay "
-                  f"{params.provisioning_delay_s / 60:g} min ...", file=sys.stderr)
-            pair = run(trace, setup, extra, params)
-            results.extend(pair)
-        print(markdown_table(trace, results))
-        print()
-        figures.extend({"trace": trace.name, "scenario": r.label,
-                        "provisioning_delay_s": r.params.provisioning_delay_s,
-                        "offered": round(r.offered), "dropped": round(r.dropped),
-                        "dropped_percent": round(r.dropped_percent, 3),
-                        "worst_minute_dropped_percent": round(r.worst_minute_dropped_percent, 1),
-                        "seconds_over_capacity": r.seconds_over_capacity,
-                        "instance_hours": round(r.instance_hours, 2),
-                        "cost_usd": round(r.cost_usd, 2), "peak_instances": r.peak_in_service}
-                       for r in results)
-        if args.plot_dir is not None and pair is not None:
-            path = plot_comparison(trace, pair[0], pair[1],
-                                   args.plot_dir / f"scaling-{trace.name}.png")
-            print(f"wrote {path}", file=sys.stderr)
-    if args.spike_env is not None:
-        spike_trace = next((t for t in traces if t.name == "one-piece"), None)
-        if spike_trace is None:
-            spike_trace = load_trace(TRACE_DIR / "one-piece.csv")
-        peak = max(spike_trace.invocations_per_min) / spike_trace.invocations_per_min[0]
-        multiplier = _one_piece_multiplier(args.calendar)
-        print(f"### Unpredicted spike: {spike_trace.name} without the calendar (×{multiplier:g} "
-              f"in 15 min; peak {peak:.1f}× the 17:00 load), capacity plan of "
-              f"{args.spike_env}\n")
-        outcomes: list[SpikeOutcome] = []
-        for params in delays:
-            print(f"simulating the spike at a {params.provisioning_delay_s / 60:g}-minute "
-                  "provisioning delay ...", file=sys.stderr)
-            try:
-                outcomes.extend(spike_comparison(spike_trace, setup, params, env=args.spike_env,
-                                                 multiplier=multiplier))
-            except ValueError as error:
-                print(f"error: {error}", file=sys.stderr)
-                return 2
-        print(spike_table(outcomes))
-        print()
-        figures.extend({"trace": spike_trace.name, "scenario": f"spike: {o.label}",
-                        "provisioning_delay_s": o.result.params.provisioning_delay_s,
-                        "headroom": o.headroom,
-                        "target_invocations_per_instance_per_min":
-                            o.target_invocations_per_instance_per_min,
-                        "dropped_percent": round(o.result.dropped_percent, 3),
-                        "worst_minute_dropped_percent": round(o.worst_minute_percent, 1),
-                        "seconds_over_capacity": o.error_seconds,
-                        "meets_seed": o.meets_seed, "peak_instances": o.result.peak_in_service,
-                        "instance_hours": round(o.result.instance_hours, 2),
-                        "cost_usd": round(o.result.cost_usd, 2)} for o in outcomes)
-        if args.plot_dir is not None:
-            longest = max(p.provisioning_delay_s for p in delays)
-            path = plot_spike(spike_trace, [o for o in outcomes
-                                            if o.result.params.provisioning_delay_s == longest],
-                              args.plot_dir / f"spike-{spike_trace.name}.png")
-            print(f"wrote {path}", file=sys.stderr)
-    if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+            outcomes.extend(spike_comparison(spike_trace, setup, params, env=args.spike_env,
+                                             multiplier=multiplier))
+        except ValueError as error:
+            return _error(error)
+    print(spike_table(outcomes))
+    print()
+    figures.extend(_spike_figures(spike_trace.name, o) for o in outcomes)
+    if args.plot_dir is not None:
+        longest = max(p.provisioning_delay_s for p in delays)
+        path = plot_spike(spike_trace, [o for o in outcomes
+                                        if o.result.params.provisioning_delay_s == longest],
+                          args.plot_dir / f"spike-{spike_trace.name}.png")
+        print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _spike_trace(traces: Sequence[Trace]) -> Trace:
+    """The one-piece trace: the one replayed above, else the shipped one."""
+    found = next((t for t in traces if t.name == "one-piece"), None)
+    return found if found is not None else load_trace(TRACE_DIR / "one-piece.csv")
+
+
+def _spike_figures(trace_name: str, outcome: SpikeOutcome) -> dict[str, object]:
+    """One spike scenario's figures as the ``--json`` file lists them."""
+    o = outcome
+    return {"trace": trace_name, "scenario": f"spike: {o.label}",
+            "provisioning_delay_s": o.result.params.provisioning_delay_s,
+            "headroom": o.headroom,
+            "target_invocations_per_instance_per_min":
+                o.target_invocations_per_instance_per_min,
+            "dropped_percent": round(o.result.dropped_percent, 3),
+            "worst_minute_dropped_percent": round(o.worst_minute_percent, 1),
+            "seconds_over_capacity": o.error_seconds,
+            "meets_seed": o.meets_seed, "peak_instances": o.result.peak_in_service,
+            "instance_hours": round(o.result.instance_hours, 2),
+            "cost_usd": round(o.result.cost_usd, 2)}
 
 
 def _one_piece_multiplier(calendar_path: Path) -> float:

@@ -42,6 +42,7 @@ from zoneinfo import ZoneInfo
 
 from tools.scaling_sim.template import (
     CONCURRENCY_HIGH_RESOLUTION,
+    MetricAlarm,
     ScalingSetup,
     ScheduledAction,
     StepScalingPolicy,
@@ -192,148 +193,248 @@ def simulate(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
     """
     actions = [a for a in (*setup.scheduled, *extra_actions)
                if exclude_prefix is None or not a.name.startswith(exclude_prefix)]
-    firings = _firings(actions, trace)
-    low, high = _range_at_start(actions, trace.start, setup)
-    invocation_policies = [p for p in setup.target_tracking
-                           if p.metric != CONCURRENCY_HIGH_RESOLUTION]
-    concurrency_policies = [p for p in setup.target_tracking
-                            if p.metric == CONCURRENCY_HIGH_RESOLUTION]
-    if concurrency_policies and (params.concurrency_per_instance is None
-                                 or params.request_seconds is None):
-        raise ValueError("target tracking on ConcurrentRequestsPerModel needs "
-                         "concurrency_per_instance and request_seconds (the capacity model's "
-                         "figures in the template's metadata)")
-    first_rate = trace.invocations_per_min[0]
-    initial = max([math.ceil(first_rate / p.target_value) for p in invocation_policies]
-                  + [math.ceil(first_rate / 60 * (params.request_seconds or 0) / p.target_value)
-                     for p in concurrency_policies] + [low])
-    fleet = _Fleet(min(max(initial, low), high), low, high, params.provisioning_delay_s)
+    return _Simulation(trace, setup, params, actions).run(label)
 
-    per_instance_per_s = params.instance_capacity_per_min / 60
-    period_s = params.high_resolution_period_s
-    datapoints: list[float] = []
-    concurrency_minutes: list[float] = []
-    concurrency_points: list[float] = []
-    window_concurrency = 0.0
-    last_step_run: dict[str, float] = {p.name: -math.inf for p in setup.step}
-    last_activity = -math.inf
-    samples: list[MinuteSample] = []
-    activities: list[tuple[dt.datetime, str]] = []
-    dropped_total = 0.0
-    over_seconds = 0
-    billed_seconds = 0
-    peak = fleet.in_service
-    next_firing = 0
 
-    def change_desired(target: int, reason: str, now: int) -> None:
-        nonlocal last_activity
+@dataclass
+class _Minute:
+    """What the seconds of one trace minute add up to."""
+
+    offered: float
+    dropped: float = 0.0
+    in_service_seconds: int = 0
+    billed_seconds: int = 0
+    concurrency: float = 0.0
+    """Sum over the seconds of requests in flight per in-service instance."""
+
+    @property
+    def average_in_service(self) -> float:
+        """In-service instances averaged over the minute (the InvocationsPerInstance divisor)."""
+        return self.in_service_seconds / 60
+
+
+class _Simulation:
+    """One run: the fleet, the metric histories the policies read, and the tallies.
+
+    Each method is one step of the model in the module docstring; :meth:`run` calls them in the
+    order a second and a minute see them: scheduled actions firing, a second of serving (with the
+    high-resolution concurrency datapoints), then the per-minute target-tracking and step
+    policies.
+    """
+
+    def __init__(self, trace: Trace, setup: ScalingSetup, params: SimulationParams,
+                 actions: Sequence[ScheduledAction]) -> None:
+        self.trace = trace
+        self.params = params
+        self.step_policies = setup.step
+        self.firings = _firings(actions, trace)
+        self.next_firing = 0
+        low, high = _range_at_start(actions, trace.start, setup)
+        self.invocation_policies = [p for p in setup.target_tracking
+                                    if p.metric != CONCURRENCY_HIGH_RESOLUTION]
+        self.concurrency_policies = [p for p in setup.target_tracking
+                                     if p.metric == CONCURRENCY_HIGH_RESOLUTION]
+        if self.concurrency_policies and (params.concurrency_per_instance is None
+                                          or params.request_seconds is None):
+            raise ValueError("target tracking on ConcurrentRequestsPerModel needs "
+                             "concurrency_per_instance and request_seconds (the capacity "
+                             "model's figures in the template's metadata)")
+        self.voters = _voters(self.invocation_policies, self.concurrency_policies)
+        initial = _initial_desired(trace.invocations_per_min[0], self.invocation_policies,
+                                   self.concurrency_policies, params, low)
+        self.fleet = _Fleet(min(max(initial, low), high), low, high, params.provisioning_delay_s)
+        self.per_instance_per_s = params.instance_capacity_per_min / 60
+        self.datapoints: list[float] = []
+        """InvocationsPerInstance, one a minute."""
+        self.concurrency_minutes: list[float] = []
+        """Requests in flight per instance, averaged over each minute."""
+        self.concurrency_points: list[float] = []
+        """The high-resolution datapoints, one every ``high_resolution_period_s``."""
+        self.window_concurrency = 0.0
+        self.last_step_run: dict[str, float] = {p.name: -math.inf for p in setup.step}
+        self.last_activity = -math.inf
+        self.samples: list[MinuteSample] = []
+        self.activities: list[tuple[dt.datetime, str]] = []
+        self.dropped_total = 0.0
+        self.over_seconds = 0
+        self.billed_seconds = 0
+        self.peak = self.fleet.in_service
+
+    def run(self, label: str) -> SimulationResult:
+        """Every minute of the trace, second by second, then the minute's policies."""
+        for minute, offered in enumerate(self.trace.invocations_per_min):
+            tally = _Minute(offered)
+            for second in range(minute * 60, minute * 60 + 60):
+                self.fire_scheduled(second)
+                self.serve(second, tally)
+            self.close_minute(minute, tally)
+            self.evaluate_policies((minute + 1) * 60, minute + 1, tally)
+        instance_hours = self.billed_seconds / 3600
+        return SimulationResult(
+            label=label, params=self.params, samples=tuple(self.samples),
+            offered=self.trace.total_invocations, dropped=self.dropped_total,
+            seconds_over_capacity=self.over_seconds, instance_hours=instance_hours,
+            cost_usd=instance_hours * self.params.usd_per_instance_hour,
+            peak_in_service=self.peak, activities=tuple(self.activities))
+
+    def fire_scheduled(self, second: int) -> None:
+        """Apply the scheduled actions due by ``second``: a new range, the desired count
+        clamped into it."""
+        fleet = self.fleet
+        while (self.next_firing < len(self.firings)
+               and self.firings[self.next_firing].second <= second):
+            action = self.firings[self.next_firing].action
+            before = fleet.desired
+            fleet.set_range(action.min_capacity, action.max_capacity, second)
+            self.activities.append((_at(self.trace, second),
+                                    f"{action.name}: min {fleet.low} max {fleet.high}"
+                                    + (f", desired {before} -> {fleet.desired}"
+                                       if fleet.desired != before else "")))
+            self.next_firing += 1
+
+    def serve(self, second: int, tally: _Minute) -> None:
+        """One second: launches that are ready join, the fleet serves up to its capacity and
+        sheds the rest; billing counts pending launches too."""
+        fleet = self.fleet
+        fleet.promote(second)
+        arrivals_per_s = tally.offered / 60
+        capacity = fleet.in_service * self.per_instance_per_s
+        served = min(arrivals_per_s, capacity)
+        if arrivals_per_s > capacity + _EPSILON:
+            tally.dropped += arrivals_per_s - capacity
+            self.over_seconds += 1
+        tally.in_service_seconds += fleet.in_service
+        tally.billed_seconds += fleet.in_service + len(fleet.pending)
+        self.peak = max(self.peak, fleet.in_service)
+        if self.concurrency_policies:
+            self.track_concurrency(second, served, tally)
+
+    def track_concurrency(self, second: int, served: float, tally: _Minute) -> None:
+        """Requests in flight this second (Little's law, capped per instance); a datapoint at
+        the end of each high-resolution period."""
+        fleet, params = self.fleet, self.params
+        assert params.request_seconds is not None
+        assert params.concurrency_per_instance is not None
+        in_flight = min(served * params.request_seconds,
+                        fleet.in_service * params.concurrency_per_instance)
+        per_model = in_flight / max(fleet.in_service, 1)
+        self.window_concurrency += per_model
+        tally.concurrency += per_model
+        if (second + 1) % params.high_resolution_period_s == 0:
+            self.concurrency_datapoint(second + 1)
+
+    def concurrency_datapoint(self, now: int) -> None:
+        """Close a high-resolution period; a policy whose last datapoints are all above its
+        target scales out at once, to ceil(in flight ÷ target)."""
+        params, fleet = self.params, self.fleet
+        self.concurrency_points.append(self.window_concurrency / params.high_resolution_period_s)
+        self.window_concurrency = 0.0
+        latest = self.concurrency_points[-1]
+        for policy in self.concurrency_policies:
+            wanted = max(1, math.ceil(latest * max(fleet.in_service, 1) / policy.target_value
+                                      - _EPSILON))
+            if _tracking_out(policy, self.concurrency_points, params) and wanted > fleet.desired:
+                self.change_desired(wanted, f"target tracking on concurrency "
+                                            f"({latest:.1f}/model)", now)
+
+    def close_minute(self, minute: int, tally: _Minute) -> None:
+        """Add the minute to the totals and record its sample (before the policies act)."""
+        fleet = self.fleet
+        self.billed_seconds += tally.billed_seconds
+        self.dropped_total += tally.dropped
+        self.samples.append(MinuteSample(
+            start=_at(self.trace, minute * 60), offered=tally.offered, dropped=tally.dropped,
+            in_service=tally.average_in_service, billed=tally.billed_seconds / 60,
+            desired=fleet.desired, min_capacity=fleet.low, max_capacity=fleet.high))
+
+    def evaluate_policies(self, now: int, minutes_elapsed: int, tally: _Minute) -> None:
+        """The end of a minute: its datapoints, then every policy's proposal. The largest
+        scale-out wins; without one, the largest scale-in (tracking scales in only when every
+        policy that may scale in agrees)."""
+        metric = tally.offered / max(tally.average_in_service, _EPSILON)
+        self.datapoints.append(metric)
+        self.concurrency_minutes.append(tally.concurrency / 60)
+        out, tracking_in = self.invocation_proposals(now, tally.offered, metric)
+        tracking_in += self.concurrency_scale_in(now, tally.average_in_service)
+        scale_in = tracking_in if self.voters and len(tracking_in) == self.voters else []
+        step_out, step_in = self.step_proposals(now, minutes_elapsed, metric)
+        out += step_out
+        scale_in += step_in
+        if out:
+            self.change_desired(*max(out), now)
+        elif scale_in:
+            self.change_desired(*max(scale_in), now)
+
+    def invocation_proposals(self, now: int, offered: float, metric: float
+                             ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        """Target tracking on InvocationsPerInstance: (scale-outs, scale-ins) to
+        ceil(invocations per minute ÷ target)."""
+        out: list[tuple[int, str]] = []
+        scale_in: list[tuple[int, str]] = []
+        desired = self.fleet.desired
+        for policy in self.invocation_policies:
+            wanted = max(1, math.ceil(offered / policy.target_value - _EPSILON))
+            reason = f"target tracking ({metric:.0f}/instance)"
+            if _tracking_out(policy, self.datapoints, self.params) and wanted > desired:
+                out.append((wanted, reason))
+            if (_tracking_in(policy, self.datapoints, self.params, now - self.last_activity)
+                    and wanted < desired):
+                scale_in.append((wanted, reason))
+        return out, scale_in
+
+    def concurrency_scale_in(self, now: int, average_in_service: float
+                             ) -> list[tuple[int, str]]:
+        """Target tracking on concurrency scales in from the per-minute averages (it scales
+        out every high-resolution period, :meth:`concurrency_datapoint`)."""
+        found: list[tuple[int, str]] = []
+        latest = self.concurrency_minutes[-1]
+        for policy in self.concurrency_policies:
+            wanted = max(1, math.ceil(latest * average_in_service / policy.target_value
+                                      - _EPSILON))
+            if (_tracking_in(policy, self.concurrency_minutes, self.params,
+                             now - self.last_activity)
+                    and wanted < self.fleet.desired):
+                found.append((wanted, f"target tracking on concurrency ({latest:.1f}/model)"))
+        return found
+
+    def step_proposals(self, now: int, minutes_elapsed: int, metric: float
+                       ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        """Each step policy whose alarm is in ALARM and whose cooldown has passed runs (and
+        restarts its cooldown): (scale-outs, scale-ins)."""
+        out: list[tuple[int, str]] = []
+        scale_in: list[tuple[int, str]] = []
+        desired = self.fleet.desired
+        for policy in self.step_policies:
+            proposal = _step_proposal(policy, self.datapoints, minutes_elapsed, desired,
+                                      now - self.last_step_run[policy.name])
+            if proposal is None:
+                continue
+            self.last_step_run[policy.name] = now
+            if proposal > desired:
+                out.append((proposal, f"step scaling ({metric:.0f}/instance)"))
+            elif proposal < desired:
+                scale_in.append((proposal, f"step scaling ({metric:.0f}/instance)"))
+        return out, scale_in
+
+    def change_desired(self, target: int, reason: str, now: int) -> None:
+        """Set the desired count (clamped to the range); a change is a scaling activity."""
+        fleet = self.fleet
         before = fleet.desired
         fleet.set_desired(target, now)
         if fleet.desired != before:
-            last_activity = now
-            activities.append((_at(trace, now), f"{reason}: desired {before} -> "
-                                                 f"{fleet.desired}"))
+            self.last_activity = now
+            self.activities.append((_at(self.trace, now), f"{reason}: desired {before} -> "
+                                                          f"{fleet.desired}"))
 
-    for minute, offered in enumerate(trace.invocations_per_min):
-        arrivals_per_s = offered / 60
-        dropped_minute = 0.0
-        in_service_seconds = 0
-        billed_minute = 0
-        minute_concurrency = 0.0
-        for second in range(minute * 60, minute * 60 + 60):
-            while next_firing < len(firings) and firings[next_firing].second <= second:
-                action = firings[next_firing].action
-                before = fleet.desired
-                fleet.set_range(action.min_capacity, action.max_capacity, second)
-                activities.append((_at(trace, second),
-                                   f"{action.name}: min {fleet.low} max {fleet.high}"
-                                   + (f", desired {before} -> {fleet.desired}"
-                                      if fleet.desired != before else "")))
-                next_firing += 1
-            fleet.promote(second)
-            capacity = fleet.in_service * per_instance_per_s
-            served = min(arrivals_per_s, capacity)
-            if arrivals_per_s > capacity + _EPSILON:
-                dropped_minute += arrivals_per_s - capacity
-                over_seconds += 1
-            in_service_seconds += fleet.in_service
-            billed_minute += fleet.in_service + len(fleet.pending)
-            peak = max(peak, fleet.in_service)
-            if concurrency_policies:
-                assert params.request_seconds is not None
-                assert params.concurrency_per_instance is not None
-                in_flight = min(served * params.request_seconds,
-                                fleet.in_service * params.concurrency_per_instance)
-                per_model = in_flight / max(fleet.in_service, 1)
-                window_concurrency += per_model
-                minute_concurrency += per_model
-                if (second + 1) % period_s == 0:
-                    concurrency_points.append(window_concurrency / period_s)
-                    window_concurrency = 0.0
-                    now_s = second + 1
-                    for policy in concurrency_policies:
-                        run = concurrency_points[-params.tracking_high_datapoints:]
-                        wanted = max(1, math.ceil(
-                            concurrency_points[-1] * max(fleet.in_service, 1)
-                            / policy.target_value - _EPSILON))
-                        if (len(run) == params.tracking_high_datapoints
-                                and all(v > policy.target_value for v in run)
-                                and wanted > fleet.desired):
-                            change_desired(wanted, f"target tracking on concurrency "
-                                                   f"({concurrency_points[-1]:.1f}/model)", now_s)
-        billed_seconds += billed_minute
-        dropped_total += dropped_minute
-        average_in_service = in_service_seconds / 60
-        samples.append(MinuteSample(
-            start=_at(trace, minute * 60), offered=offered, dropped=dropped_minute,
-            in_service=average_in_service, billed=billed_minute / 60, desired=fleet.desired,
-            min_capacity=fleet.low, max_capacity=fleet.high))
 
-        # --- policies, evaluated at the end of the minute --------------------------------------
-        now = (minute + 1) * 60
-        metric = offered / max(average_in_service, _EPSILON)
-        datapoints.append(metric)
-        concurrency_minutes.append(minute_concurrency / 60)
-        out: list[tuple[int, str]] = []
-        scale_in: list[tuple[int, str]] = []
-        tracking_in: list[tuple[int, str]] = []
-        for tracking in invocation_policies:
-            wanted = max(1, math.ceil(offered / tracking.target_value - _EPSILON))
-            if _tracking_out(tracking, datapoints, params) and wanted > fleet.desired:
-                out.append((wanted, f"target tracking ({metric:.0f}/instance)"))
-            if (_tracking_in(tracking, datapoints, params, now - last_activity)
-                    and wanted < fleet.desired):
-                tracking_in.append((wanted, f"target tracking ({metric:.0f}/instance)"))
-        for tracking in concurrency_policies:
-            wanted = max(1, math.ceil(concurrency_minutes[-1] * average_in_service
-                                      / tracking.target_value - _EPSILON))
-            if (_tracking_in(tracking, concurrency_minutes, params, now - last_activity)
-                    and wanted < fleet.desired):
-                tracking_in.append((wanted, f"target tracking on concurrency "
-                                            f"({concurrency_minutes[-1]:.1f}/model)"))
-        voters = _voters(invocation_policies, concurrency_policies)
-        if voters and len(tracking_in) == voters:
-            scale_in.extend(tracking_in)
-        for step_policy in setup.step:
-            proposal = _step_proposal(step_policy, datapoints, minute + 1, fleet.desired,
-                                      now - last_step_run[step_policy.name])
-            if proposal is None:
-                continue
-            last_step_run[step_policy.name] = now
-            if proposal > fleet.desired:
-                out.append((proposal, f"step scaling ({metric:.0f}/instance)"))
-            elif proposal < fleet.desired:
-                scale_in.append((proposal, f"step scaling ({metric:.0f}/instance)"))
-        if out:
-            change_desired(*max(out), now)
-        elif scale_in:
-            change_desired(*max(scale_in), now)
-    instance_hours = billed_seconds / 3600
-    return SimulationResult(
-        label=label, params=params, samples=tuple(samples), offered=trace.total_invocations,
-        dropped=dropped_total, seconds_over_capacity=over_seconds,
-        instance_hours=instance_hours, cost_usd=instance_hours * params.usd_per_instance_hour,
-        peak_in_service=peak, activities=tuple(activities))
+def _initial_desired(first_rate: float, invocation: Sequence[TargetTrackingPolicy],
+                     concurrency: Sequence[TargetTrackingPolicy], params: SimulationParams,
+                     low: int) -> int:
+    """The desired count the fleet starts at: what every tracking policy would ask for the
+    trace's first minute, at least the minimum in force."""
+    return max([math.ceil(first_rate / p.target_value) for p in invocation]
+               + [math.ceil(first_rate / 60 * (params.request_seconds or 0) / p.target_value)
+                  for p in concurrency] + [low])
 
 
 def _voters(invocation: Sequence[TargetTrackingPolicy],
@@ -408,12 +509,24 @@ def _range_at_start(actions: Sequence[ScheduledAction], start: dt.datetime,
 def _step_proposal(policy: StepScalingPolicy, values: list[float], minutes_elapsed: int,
                    desired: int, since_last_run_s: float) -> int | None:
     """The desired count the step policy asks for this minute, or None."""
-    alarm = policy.alarm
-    period_min = alarm.period_s // 60
     if since_last_run_s < policy.cooldown_s:
         return None
+    alarm = policy.alarm
+    periods = _alarm_periods(alarm, values, minutes_elapsed)
+    if not _in_alarm(alarm, periods):
+        return None
+    delta = periods[-1] - alarm.threshold
+    step = next((s for s in policy.steps if s.contains(delta)), None)
+    if step is None or step.adjustment == 0:
+        return None
+    return _adjusted(policy, step.adjustment, desired)
+
+
+def _alarm_periods(alarm: MetricAlarm, values: list[float], minutes_elapsed: int) -> list[float]:
+    """The alarm's datapoints of complete periods, newest last, aligned to the end of this
+    minute: at most ``evaluation_periods`` of them."""
+    period_min = alarm.period_s // 60
     periods: list[float] = []
-    # datapoints of complete periods, newest last, aligned to the end of this minute
     for end in range(minutes_elapsed, 0, -period_min):
         chunk = values[max(0, end - period_min):end]
         if len(chunk) < period_min:
@@ -422,23 +535,27 @@ def _step_proposal(policy: StepScalingPolicy, values: list[float], minutes_elaps
         if len(periods) == alarm.evaluation_periods:
             break
     periods.reverse()
-    if len(periods) < alarm.evaluation_periods:
-        return None
-    if sum(1 for v in periods if alarm.breaches(v)) < alarm.datapoints_to_alarm:
-        return None
-    delta = periods[-1] - alarm.threshold
-    step = next((s for s in policy.steps if s.contains(delta)), None)
-    if step is None or step.adjustment == 0:
-        return None
+    return periods
+
+
+def _in_alarm(alarm: MetricAlarm, periods: Sequence[float]) -> bool:
+    """Whether the alarm is in ALARM: all its evaluation periods present, and at least
+    ``datapoints_to_alarm`` of them past the threshold."""
+    return (len(periods) >= alarm.evaluation_periods
+            and sum(1 for v in periods if alarm.breaches(v)) >= alarm.datapoints_to_alarm)
+
+
+def _adjusted(policy: StepScalingPolicy, adjustment: int, desired: int) -> int:
+    """The desired count after one step ``adjustment`` of the policy's AdjustmentType."""
     if policy.adjustment_type == "ExactCapacity":
-        return step.adjustment
+        return adjustment
     if policy.adjustment_type == "PercentChangeInCapacity":
-        change = desired * step.adjustment / 100
+        change = desired * adjustment / 100
         rounded = math.copysign(1 if abs(change) < 1 else math.floor(abs(change)), change)
         if policy.min_adjustment_magnitude and abs(rounded) < policy.min_adjustment_magnitude:
             rounded = math.copysign(policy.min_adjustment_magnitude, change)
         return desired + int(rounded)
-    return desired + step.adjustment
+    return desired + adjustment
 
 
 def _aggregate(statistic: str, values: Sequence[float]) -> float:

@@ -165,9 +165,31 @@ def scaling_setup(template: Mapping[str, Any], *, scalable_target: str | None = 
     if not targets:
         raise TemplateError("no AWS::ApplicationAutoScaling::ScalableTarget in the template")
     lambda_env = _calendar_lambda_environment(resources)
-    wanted_calendar_target = calendar_target or "llm"
+    chosen = _chosen_target(targets, lambda_env, scalable_target, calendar_target or "llm")
+    props = targets[chosen]["Properties"]
+    if props.get("ServiceNamespace") != "sagemaker":
+        raise TemplateError(f"{chosen}: ServiceNamespace {props.get('ServiceNamespace')!r}"
+                            "; the simulator models SageMaker variants only")
+    scheduled = tuple(_scheduled_action(chosen, a) for a in props.get("ScheduledActions", []))
+    tracking, steps = _policies(resources, chosen)
+    models: dict[str, CapacityModel] = {}
+    if "CALENDAR_CAPACITY_MODELS" in lambda_env:
+        models = capacity_models_from_json(str(lambda_env["CALENDAR_CAPACITY_MODELS"]))
+    return ScalingSetup(
+        logical_id=chosen, min_capacity=int(props["MinCapacity"]),
+        max_capacity=int(props["MaxCapacity"]), scheduled=scheduled,
+        target_tracking=tuple(tracking), step=tuple(steps),
+        calendar_target=calendar_target or _calendar_target_of(lambda_env, props),
+        capacity_models=models, capacity=_capacity(chosen, targets[chosen]),
+        instance_type=_instance_type(resources, str(props.get("ResourceId", ""))))
+
+
+def _chosen_target(targets: Mapping[str, Any], lambda_env: Mapping[str, Any],
+                   scalable_target: str | None, calendar_target: str) -> str:
+    """The logical id asked for; else the one whose ResourceId the calendar Lambda names for
+    ``calendar_target``; else the only one."""
     if scalable_target is None:
-        named = lambda_env.get(f"SCALABLE_TARGET_{wanted_calendar_target.upper()}")
+        named = lambda_env.get(f"SCALABLE_TARGET_{calendar_target.upper()}")
         matches = [lid for lid, r in targets.items()
                    if named is not None and r["Properties"].get("ResourceId") == named]
         if matches:
@@ -180,12 +202,12 @@ def scaling_setup(template: Mapping[str, Any], *, scalable_target: str | None = 
     if scalable_target not in targets:
         raise TemplateError(f"no scalable target {scalable_target!r}; the template has "
                             f"{', '.join(sorted(targets))}")
-    props = targets[scalable_target]["Properties"]
-    if props.get("ServiceNamespace") != "sagemaker":
-        raise TemplateError(f"{scalable_target}: ServiceNamespace {props.get('ServiceNamespace')!r}"
-                            "; the simulator models SageMaker variants only")
-    scheduled = tuple(_scheduled_action(scalable_target, a)
-                      for a in props.get("ScheduledActions", []))
+    return scalable_target
+
+
+def _policies(resources: Mapping[str, Any], scalable_target: str
+              ) -> tuple[list[TargetTrackingPolicy], list[StepScalingPolicy]]:
+    """The scaling policies whose ScalingTargetId references the target, by logical id."""
     tracking: list[TargetTrackingPolicy] = []
     steps: list[StepScalingPolicy] = []
     for lid, resource in sorted(resources.items()):
@@ -201,20 +223,17 @@ def scaling_setup(template: Mapping[str, Any], *, scalable_target: str | None = 
         else:
             raise TemplateError(f"{lid}: PolicyType {policy.get('PolicyType')!r} is not "
                                 "supported; accepted: TargetTrackingScaling, StepScaling")
-    resolved_target = None
+    return tracking, steps
+
+
+def _calendar_target_of(lambda_env: Mapping[str, Any], props: Mapping[str, Any]) -> str | None:
+    """The calendar target (``llm`` or ``intent``) whose SCALABLE_TARGET_<TARGET> the Lambda
+    sets to this target's ResourceId (the last such, as the Lambda reads them)."""
+    resolved = None
     for name in ("llm", "intent"):
         if lambda_env.get(f"SCALABLE_TARGET_{name.upper()}") == props.get("ResourceId"):
-            resolved_target = name
-    models: dict[str, CapacityModel] = {}
-    if "CALENDAR_CAPACITY_MODELS" in lambda_env:
-        models = capacity_models_from_json(str(lambda_env["CALENDAR_CAPACITY_MODELS"]))
-    return ScalingSetup(
-        logical_id=scalable_target, min_capacity=int(props["MinCapacity"]),
-        max_capacity=int(props["MaxCapacity"]), scheduled=scheduled,
-        target_tracking=tuple(tracking), step=tuple(steps),
-        calendar_target=calendar_target or resolved_target, capacity_models=models,
-        capacity=_capacity(scalable_target, targets[scalable_target]),
-        instance_type=_instance_type(resources, str(props.get("ResourceId", ""))))
+            resolved = name
+    return resolved
 
 
 def _instance_type(resources: Mapping[str, Any], resource_id: str) -> str | None:
