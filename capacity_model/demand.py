@@ -6,8 +6,9 @@ prompt, ``max_tokens`` and generated tokens. The gateway reserves prompt + ``max
 for every admitted request (its worst case), so that is what bounds how many fit; the *generated*
 tokens are what the GPU spends decode steps on, so that is what bounds how many per minute.
 
-**A conversation** (seed 001, story 5: "30+ turns within the SLA", ~100 tokens a turn) is sized
-the way the gateway's context budget sizes it (``containers/llm/gateway/context_budget.py``):
+**A conversation** (30+ turns within the SLA, ~100 tokens a turn:
+docs/design-decisions.md#conversations-per-gpu) is sized the way the gateway's context budget
+sizes it (``containers/llm/gateway/context_budget.py``):
 the system prompt and the retrieved context up to their shares of the window, the newest turns
 that fit the history share, the current message, and ``max_tokens`` = the output share.
 

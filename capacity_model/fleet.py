@@ -6,9 +6,10 @@ SLOs, for the classifier its declared rate), the traffic expected over a day
 (:class:`DailyProfile`), and the scaling policy's shape (:class:`FleetPolicy`: limits, cooldown-free
 reaction times, the surge the fleet must absorb on its own).
 
-* **Headroom.** A surge nobody scheduled (seed 001, story 7: a spike the calendar did not know)
-  grows while the fleet reacts: an alarm has to see it (the fastest policy's evaluation time) and
-  new instances need ``provisioning_s`` to serve (5-8 minutes for a g5 loading a 16 GB model).
+* **Headroom.** A surge nobody scheduled (a spike the calendar did not know,
+  docs/design-decisions.md#unpredicted-spike) grows while the fleet reacts: an alarm has to
+  see it (the fastest policy's evaluation time) and new instances need ``provisioning_s`` to
+  serve (5-8 minutes for a g5 loading a 16 GB model, docs/design-decisions.md#provisioning-delay).
   If load can rise by ``multiplier`` over ``rise_min`` minutes, by the time new capacity arrives
   it has risen by ``(multiplier − 1) × reaction / rise``; that share, kept free, is the headroom.
 * **Targets.** Target tracking holds each instance at ``sustainable / (1 + headroom)``

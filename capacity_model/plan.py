@@ -4,8 +4,8 @@
 ``python -m capacity_model`` all call: the GPU budget's plan, the request mix, the decode-speed
 profile and the latency SLOs give one instance's capacity (:mod:`capacity_model.instance`); that,
 the daily traffic profile and the policy's shape give the fleet's numbers
-(:mod:`capacity_model.fleet`); and the long-conversation options answer seed 001's "60 per GPU"
-(:mod:`capacity_model.conversations`).
+(:mod:`capacity_model.fleet`); and the long-conversation options answer "60 per GPU"
+(docs/design-decisions.md#conversations-per-gpu, :mod:`capacity_model.conversations`).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def format_capacity(capacity: LlmCapacity) -> str:
         "",
         f"Long conversations per GPU ({capacity.conversation.turns} turns × "
         f"{capacity.conversation.tokens_per_turn} tokens + {capacity.conversation.rag_tokens:,}"
-        f" retrieved; seed 001 wants >= {capacity.conversations_wanted})",
+        f" retrieved; the requirement is >= {capacity.conversations_wanted})",
     ]
     for option in capacity.conversation_options:
         verdict = "meets" if option.meets(capacity.conversations_wanted) else "short"

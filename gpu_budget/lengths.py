@@ -92,7 +92,8 @@ def as_distribution(
 SEED_EXAMPLE_REQUEST_TOKENS: tuple[int, ...] = (95, 180, 220, 350, 480, 610, 750, 900, 1045, 1100)
 """An illustrative ten-request sample for the static-vs-paged comparison.
 
-It contains the three requests seed 001 quotes (95, 180 and 220 tokens) and has a mean of
-573 tokens, which reproduces the seed's profiled 28 % use of a 2,048-token static KV slot
-(0.28 × 2,048 ≈ 573). It is an input assumption, not a measurement.
+It contains the three requests the requirements quote (95, 180 and 220 tokens,
+docs/design-decisions.md#static-kv-waste) and has a mean of 573 tokens, which reproduces their
+profiled 28 % use of a 2,048-token static KV slot (0.28 × 2,048 ≈ 573).
+It is an input assumption, not a measurement.
 """

@@ -21,9 +21,10 @@ history + 512 output; the bucket bounds are the sizes of the requests that split
 * **L ≤ 1/2** (2,048): system + RAG context + answer — a first turn with retrieval, or a short
   conversation;
 * **XL > 1/2**, up to the window: the request also carries a long history. This is the
-  long-context traffic seed 002 says to watch, the bucket the circuit breaker refuses while
-  open ("start a fresh context"), and the one that fills the KV pool fastest (seed 002: a burst
-  of long requests crashes the service even when the average is fine).
+  long-context traffic to watch (docs/design-decisions.md#request-buckets), the bucket the circuit
+  breaker refuses while open ("start a fresh context"), and the one that fills the KV pool
+  fastest (a burst of long requests crashes the service even when the average is fine,
+  docs/design-decisions.md#kv-grows-with-concurrency).
 
 Scaling by the window keeps every bucket reachable and XL meaning "more than half the window"
 whatever ``max_model_len`` an environment runs: fixed bounds of 512/2,048/8,192 at a 4,096

@@ -200,8 +200,8 @@ REJECTION_INPUT_IDS: dict[str, str] = {name: f"shed{name.lower()}" for name in B
 
 def release_window_rejections_rule(settings: EndpointAlarmSettings, *,
                                    daily_minimum: int) -> AlarmRule:
-    """The gateway's 429s while a release pre-scale is in force (seed 001: zero 429s in release
-    windows), as a share of all invocations.
+    """The gateway's 429s while a release pre-scale is in force (zero 429s in release
+    windows, docs/design-decisions.md#release-window-429s), as a share of all invocations.
 
     A release window is when the minimum in force (``MinCapacityInForce``, published by the
     scaling-limits Lambda) is above every daily floor: only a release pre-scale (or an operator)
@@ -229,7 +229,7 @@ def release_window_rejections_rule(settings: EndpointAlarmSettings, *,
         meaning=f"During a release window (minimum in force above the daily floors' "
         f"{daily_minimum}) the gateway shed more than "
         f"{settings.release_window_rejection_percent:g} % of requests with 429 in 5 minutes: "
-        "the pre-scale was too small for the release (seed 001 wants none).",
+        "the pre-scale was too small for the release (the requirement: none).",
         runbook="release-window-rejections.md",
     )
 
@@ -335,7 +335,7 @@ def llm_alarm_rules(
             missing_data=NOT_BREACHING,
             severity="warn",
             meaning=f"Requests waited more than {settings.queue_wait_p99_ms} ms (p99) for "
-            "admission in 3 of the last 5 minutes (seed 001: < 150 ms at 100 RPS).",
+            "admission in 3 of the last 5 minutes (the requirement: < 150 ms at 100 RPS).",
             runbook="oom-diagnosis.md",
         ),
     ]

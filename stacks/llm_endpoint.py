@@ -27,7 +27,8 @@ from stacks.network import ModelNetwork
 from stacks.settings import LlmEndpointSettings
 
 CUDA13_INFERENCE_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
-"""vLLM 0.33 wheels are built for CUDA 13: the host driver must be ≥ 580 (FACTS.md)."""
+"""vLLM 0.33 wheels are built for CUDA 13: the host driver must be ≥ 580
+(docs/design-decisions.md#vllm-cuda-13-driver)."""
 
 MODEL_DIR = "/opt/ml/model"
 LLM_IMAGE_SOURCES: tuple[str, ...] = (

@@ -134,10 +134,11 @@ class StepBandSettings(_Strict):
 
 
 class StepScalingSettings(_Strict):
-    """Step scaling from a 1-minute InvocationsPerInstance alarm (seed 001, user story 7).
+    """Step scaling from a 1-minute InvocationsPerInstance alarm
+    (docs/design-decisions.md#step-scaling).
 
     The alarm's threshold is the target-tracking target the capacity model derives; the bands
-    are multiples of it (seed 001: +2 above the threshold, +4 from 2×, +8 from 4×).
+    are multiples of it (+2 above the threshold, +4 from 2×, +8 from 4×).
     """
 
     bands: list[StepBandSettings] = Field(
@@ -251,7 +252,8 @@ class ScalingSettings(_Strict):
     )
     provisioning_delay_s: int = Field(
         360, ge=0, le=3600,
-        description="From a scale-out decision to a new instance serving (seed 001: 5-8 min).",
+        description="From a scale-out decision to a new instance serving (5-8 min, "
+        "docs/design-decisions.md#provisioning-delay).",
     )
     release_calendar: ReleaseCalendarCapacitySettings | None = None
 
@@ -334,9 +336,10 @@ class EndpointAlarmSettings(_Strict):
     )
     time_to_first_token_p99_ms: float = Field(
         2000, gt=0, le=60000,
-        description="LLM: first token p99 within 2 s: seed 001 story 3 promises a first answer "
-        "within its 3 s SLA, and about a second goes to the orchestrator, the intent call and "
-        "the network. Pages and rolls deployments back; the capacity model sizes for it.",
+        description="LLM: first token p99 within 2 s: a first answer is promised within a 3 s SLA "
+        "(docs/design-decisions.md#three-second-sla), and about a second goes to the "
+        "orchestrator, the intent call and the network. Pages and rolls deployments back; the "
+        "capacity model sizes for it.",
     )
     time_per_output_token_p99_ms: float = Field(
         100, gt=0, le=10000,
@@ -347,8 +350,8 @@ class EndpointAlarmSettings(_Strict):
     release_window_rejection_percent: float = Field(
         0.1, ge=0, le=100,
         description="LLM: share of requests the gateway may shed (429) while a release "
-        "pre-scale is in force before a ticket is raised (seed 001: zero 429s in release "
-        "windows; 0.1 % ignores a stray retry).",
+        "pre-scale is in force before a ticket is raised (zero 429s in release "
+        "windows, docs/design-decisions.md#release-window-429s; 0.1 % ignores a stray retry).",
     )
     invocation_5xx_per_min: float = Field(1, gt=0)
     engine_restarts_per_hour: int = Field(2, ge=1)
@@ -592,10 +595,13 @@ class BucketDemandSettings(_Strict):
 
 
 class ConversationSettings(_Strict):
-    """The long conversation seed 001 asks 60 of per GPU (stories 1 and 5)."""
+    """The long conversation the requirements ask 60 of per GPU
+    (docs/design-decisions.md#conversations-per-gpu)."""
 
     turns: int = Field(30, ge=1, le=1000)
-    tokens_per_turn: int = Field(100, ge=1, description="Seed 001 story 5: ~100 tokens a turn.")
+    tokens_per_turn: int = Field(
+        100, ge=1,
+        description="~100 tokens a turn (docs/design-decisions.md#conversations-per-gpu).")
     system_tokens: int = Field(512, ge=0)
     rag_tokens: int = Field(1024, ge=0)
     rag_chunks: int = Field(4, ge=1, description="Retrieved chunks (the gateway keeps whole ones).")

@@ -1,6 +1,7 @@
 """Application Auto Scaling of one SageMaker endpoint variant, usable by either endpoint.
 
-Three layers (seed 001, stories 3, 4 and 7), all acting on the variant's instance count:
+Three layers (docs/design-decisions.md#target-tracking, #off-peak-floors,
+#release-calendar, #step-scaling), all acting on the variant's instance count:
 
 * **target tracking** on InvocationsPerInstance and/or the high-resolution
   ConcurrentRequestsPerModel — scale out fast (60 s cooldown), scale in slowly (600 s);

@@ -12,9 +12,9 @@ tracking and step policies, the capacity model's per-instance figures in its met
 
 The month is the week scaled to 730 hours (AWS's convention) plus ``release_days_per_month``
 times what a release day adds over an ordinary one, at the ``gpu_budget`` catalog's price of
-the variant's instance type. Next to it: the seeds' "before" configuration (seed 001, story 4:
-four ``ml.g5.xlarge`` always on for the LLM, four ``ml.g4dn.xlarge`` for the classifier) at the
-same catalog prices, a table and a bar chart.
+the variant's instance type. Next to it: the seeds' "before" configuration
+(docs/design-decisions.md#before-fleet: four ``ml.g5.xlarge`` always on for the LLM, four
+``ml.g4dn.xlarge`` for the classifier) at the same catalog prices, a table and a bar chart.
 
 Prices are the catalog's approximate Tokyo on-demand figures (``gpu_budget/instances.py``):
 estimates, not a bill.
@@ -59,9 +59,10 @@ class SeedBefore:
 
 
 SEED_BEFORE: dict[str, SeedBefore] = {
-    "llm": SeedBefore("ml.g5.xlarge", 4, "seed 001 story 4: \"4 instances always on\""),
-    "intent": SeedBefore("ml.g4dn.xlarge", 4, "seed 001 story 4: DistilBERT on ml.g4dn.xlarge "
-                                               "× 4"),
+    "llm": SeedBefore("ml.g5.xlarge", 4, "\"4 instances always on\" "
+                                         "(docs/design-decisions.md#before-fleet)"),
+    "intent": SeedBefore("ml.g4dn.xlarge", 4, "DistilBERT on ml.g4dn.xlarge × 4 "
+                                               "(docs/design-decisions.md#before-fleet)"),
 }
 
 

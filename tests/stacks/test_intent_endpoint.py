@@ -48,7 +48,7 @@ def test_endpoint_config_on_inf1_with_the_project_key(prod: dict[str, Any]) -> N
     config = resource(prod, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
     (variant,) = config["ProductionVariants"]
     assert variant["InstanceType"] == "ml.inf1.xlarge"
-    assert variant["InitialInstanceCount"] == 2  # seed 001: two Inferentia instances
+    assert variant["InitialInstanceCount"] == 2  # docs/design-decisions.md#intent-on-inferentia
     assert "InferenceAmiVersion" not in variant
     assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == 300
     # inf1 is EBS-backed: its volume is encrypted with the customer-managed project key.
@@ -94,7 +94,7 @@ def test_scaling_keeps_two_instances_off_peak_and_follows_the_calendar(
     assert target["ResourceId"] == "endpoint/manga-assist-prod-intent/variant/AllTraffic"
     actions = {a["ScheduledActionName"]: a for a in target["ScheduledActions"]}
     fleet = load_settings("prod").intent.fleet_plan()
-    # Two warm instances at night (seed 001): the night's traffic needs fewer.
+    # Two warm instances at night (docs/design-decisions.md#intent-on-inferentia): the night's traffic needs fewer.
     assert fleet.off_peak.min_capacity == 2
     assert actions["floor-off-peak"]["ScalableTargetAction"] == {
         "MinCapacity": 2, "MaxCapacity": fleet.off_peak.max_capacity}

@@ -2,7 +2,7 @@
 
 moto's SageMaker checks each call's shape (boto3 validates every parameter against the service
 model first) and the cross-references between calls; its instance-type list predates ml.g5, so
-that one check is patched (FACTS.md). Intrinsics are resolved to resources created in moto first.
+that one check is patched (docs/design-decisions.md#moto-limits). Intrinsics are resolved to resources created in moto first.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ The model, and its assumptions (each a parameter where it is a number):
   minute — the capacity model's sustainable rate, read from the template's metadata; requests
   beyond the fleet's capacity in a second are dropped (the gateway sheds with 429/503 — no queue
   is modelled). Instances asked for become in-service after
-  ``provisioning_delay_s`` (5-8 min for a g5 with a 16 GB model, seed 001 story 7); they are billed
+  ``provisioning_delay_s`` (5-8 min for a g5 with a 16 GB model,
+  docs/design-decisions.md#provisioning-delay); they are billed
   from launch. Scale-in removes pending launches first, then in-service instances, at once.
 * **Scheduled actions** set MinCapacity/MaxCapacity at their fire times (in their own
   ``Timezone``); the desired count is clamped into the new range (a lower max scales in at once,
