@@ -125,35 +125,13 @@ class ModelSpec:
 
     @classmethod
     def _from_mapping(cls, raw: Mapping[str, Any], *, name: str) -> ModelSpec:
-        architectures = raw.get("architectures") or []
-        architecture = architectures[0] if architectures else ""
-        if architecture not in SUPPORTED_ARCHITECTURES:
-            raise ModelSpecError(
-                f"architecture {architecture or '(none)'!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        moe = [key for key in _MOE_KEYS if raw.get(key)]
-        if moe:
-            raise ModelSpecError(
-                f"config has mixture-of-experts field {moe[0]!r}; only dense models are supported"
-            )
-        missing = [key for key in _REQUIRED_KEYS if key not in raw]
-        if missing:
-            raise ModelSpecError(f"config.json lacks required field(s): {', '.join(missing)}")
-
-        def positive_int(key: str, value: Any) -> int:
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ModelSpecError(
-                    f"config field {key!r} must be a positive integer, got {value!r}"
-                )
-            return value
-
-        layers = positive_int("num_hidden_layers", raw["num_hidden_layers"])
-        heads = positive_int("num_attention_heads", raw["num_attention_heads"])
-        hidden = positive_int("hidden_size", raw["hidden_size"])
-        intermediate = positive_int("intermediate_size", raw["intermediate_size"])
-        vocab = positive_int("vocab_size", raw["vocab_size"])
-        kv_heads = positive_int(
+        architecture = _check_supported_shape(raw)
+        layers = _positive_int("num_hidden_layers", raw["num_hidden_layers"])
+        heads = _positive_int("num_attention_heads", raw["num_attention_heads"])
+        hidden = _positive_int("hidden_size", raw["hidden_size"])
+        intermediate = _positive_int("intermediate_size", raw["intermediate_size"])
+        vocab = _positive_int("vocab_size", raw["vocab_size"])
+        kv_heads = _positive_int(
             "num_key_value_heads", raw.get("num_key_value_heads") or heads
         )
         if heads % kv_heads:
@@ -161,17 +139,8 @@ class ModelSpec:
                 f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
                 f"({kv_heads})"
             )
-        head_dim_raw = raw.get("head_dim")
-        if head_dim_raw is None:
-            if hidden % heads:
-                raise ModelSpecError(
-                    f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}) "
-                    "and the config gives no head_dim"
-                )
-            head_dim = hidden // heads
-        else:
-            head_dim = positive_int("head_dim", head_dim_raw)
-        max_positions = positive_int(
+        head_dim = _head_dim(raw.get("head_dim"), hidden=hidden, heads=heads)
+        max_positions = _positive_int(
             "max_position_embeddings", raw.get("max_position_embeddings", 2048)
         )
         quant = raw.get("quantization_config") or {}
@@ -303,3 +272,42 @@ def _quant_bits_and_group(quant: Mapping[str, Any]) -> tuple[int | None, int | N
 def load_model_spec(path: str | Path) -> ModelSpec:
     """Read ``config.json`` at ``path`` (the spec is named after the file's stem)."""
     return ModelSpec.from_hf_config(Path(path))
+
+
+def _check_supported_shape(raw: Mapping[str, Any]) -> str:
+    """The config's architecture, once it is one we size, dense, and has the fields we read."""
+    architectures = raw.get("architectures") or []
+    architecture: str = architectures[0] if architectures else ""
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ModelSpecError(
+            f"architecture {architecture or '(none)'!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    moe = [key for key in _MOE_KEYS if raw.get(key)]
+    if moe:
+        raise ModelSpecError(
+            f"config has mixture-of-experts field {moe[0]!r}; only dense models are supported"
+        )
+    missing = [key for key in _REQUIRED_KEYS if key not in raw]
+    if missing:
+        raise ModelSpecError(f"config.json lacks required field(s): {', '.join(missing)}")
+    return architecture
+
+
+def _positive_int(key: str, value: Any) -> int:
+    """``value`` if it is a positive integer (``True`` is not); else an error naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelSpecError(f"config field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _head_dim(head_dim: Any, *, hidden: int, heads: int) -> int:
+    """The config's ``head_dim``, or hidden size ÷ attention heads when it gives none."""
+    if head_dim is not None:
+        return _positive_int("head_dim", head_dim)
+    if hidden % heads:
+        raise ModelSpecError(
+            f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}) "
+            "and the config gives no head_dim"
+        )
+    return hidden // heads
