@@ -41,7 +41,8 @@ def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
     return parse
 
 
-def _batch_sizes(text: str) -> list[int]:
+def batch_sizes_argument(text: str) -> list[int]:
+    """argparse type for a comma-separated list of batch sizes (sorted, unique, each >= 1)."""
     try:
         sizes = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--output-tokens", type=_positive(int), required=True)
     estimate.add_argument("--ttft-p99-over-p50", type=_positive(float), default=2.29)
     estimate.add_argument("--tpot-p99-over-p50", type=_positive(float), default=1.05)
-    estimate.add_argument("--batch-sizes", type=_batch_sizes, default=list(DEFAULT_BATCH_SIZES))
+    estimate.add_argument("--batch-sizes", type=batch_sizes_argument,
+                          default=list(DEFAULT_BATCH_SIZES))
     estimate.add_argument("--write", action="store_true",
                           help="write the profile into the environment's decode-speed table")
     return parser

@@ -5,29 +5,21 @@ at the root of the archive (no leading directory). The archive is deterministic:
 fixed mtime / owner / mode, a gzip header without a timestamp. The same compiled files therefore
 give the same bytes and the same SHA-256, which keeps S3 uploads and CDK asset hashes stable.
 
-Standard library only (tarfile, gzip, hashlib), Python 3.10-compatible.
+Standard library (tarfile, gzip) and :func:`artifact_manifest.sha256_file`, Python 3.10-compatible.
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import shutil
 import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
+from artifact_manifest import sha256_file
+
 _FIXED_MTIME = 0
 _CHUNK_BYTES = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    """Lowercase hex SHA-256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def build_model_tar(artifact_dir: Path, tar_path: Path,

@@ -13,7 +13,10 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.settings import REPO_ROOT
@@ -52,6 +55,29 @@ def repo_python_function(scope: Construct, id_: str, *, handler: str, sources: S
         ),
         **props,
     )
+
+
+def lambda_logs_and_role(scope: Construct, *, encryption_key: kms.IKey,
+                         retention: logs.RetentionDays,
+                         description: str) -> tuple[logs.LogGroup, iam.Role]:
+    """A Lambda function's own log group (``Logs``, encrypted with the project key, removed with
+    the stack) and execution role (``Role``) that may write to it and to nothing else yet: the
+    caller adds exactly what its function calls."""
+    log_group = logs.LogGroup(
+        scope,
+        "Logs",
+        encryption_key=encryption_key,
+        retention=retention,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
+    role = iam.Role(
+        scope,
+        "Role",
+        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        description=description,
+    )
+    log_group.grant_write(role)
+    return log_group, role
 
 
 def repo_image_asset(

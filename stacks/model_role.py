@@ -120,25 +120,9 @@ class ModelExecutionRole(Construct):
                     resources=["*"],
                 )
             )
-        self.iam_role.add_to_policy(
-            iam.PolicyStatement(
-                sid="VpcNetworkInterfaces",
-                actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
-                         "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
-                resources=["*"],
-                conditions={"ArnEquals": {"ec2:Vpc": stack.format_arn(
-                    service="ec2", resource="vpc", resource_name=network.ec2_vpc.vpc_id)}},
-            )
-        )
-        self.iam_role.add_to_policy(
-            iam.PolicyStatement(
-                sid="VpcDescribe",
-                actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
-                         "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
-                         "ec2:DescribeSecurityGroups"],
-                resources=["*"],
-            )
-        )
+        for statement in vpc_access_statements(stack, network.ec2_vpc.vpc_id):
+            self.iam_role.add_to_policy(statement)
+        bucket_name = literal_bucket_name(artifact_bucket.bucket_name)
         acknowledge(
             self.iam_role,
             "AwsSolutions-IAM5",
@@ -150,14 +134,38 @@ class ModelExecutionRole(Construct):
             "it reads the rollback alarms; the network-interface calls SageMaker makes for the "
             "model's VPC are limited to that VPC by ec2:Vpc.",
             applies_to=[
-                f"Resource::arn:aws:s3:::{_literal(artifact_bucket.bucket_name)}/{artifact_prefix}/*",
+                f"Resource::arn:aws:s3:::{bucket_name}/{artifact_prefix}/*",
                 f"Resource::{log_group_arn}:log-stream:*",
                 "Resource::*",
             ],
         )
 
 
-def _literal(value: str) -> str:
+def vpc_access_statements(stack: cdk.Stack, vpc_id: str) -> list[iam.PolicyStatement]:
+    """What SageMaker needs to put a job's or an endpoint's instances in the private subnets:
+    the network-interface calls, limited to this VPC by ``ec2:Vpc``, and the Describe calls, which
+    have no resource-level permissions."""
+    return [
+        iam.PolicyStatement(
+            sid="VpcNetworkInterfaces",
+            actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
+                     "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
+            resources=["*"],
+            conditions={"ArnEquals": {"ec2:Vpc": stack.format_arn(
+                service="ec2", resource="vpc", resource_name=vpc_id)}},
+        ),
+        iam.PolicyStatement(
+            sid="VpcDescribe",
+            actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
+                     "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
+                     "ec2:DescribeSecurityGroups"],
+            resources=["*"],
+        ),
+    ]
+
+
+def literal_bucket_name(value: str) -> str:
+    """The artifact bucket's name as a literal: the cdk-nag acknowledgements name its ARNs."""
     if cdk.Token.is_unresolved(value):
         raise ValueError("the artifact bucket must be referenced by its literal name")
     return value

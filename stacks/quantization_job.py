@@ -23,6 +23,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.container_image import repo_image_asset
+from stacks.model_role import literal_bucket_name, vpc_access_statements
 from stacks.nag import acknowledge
 from stacks.network import ModelNetwork
 
@@ -61,7 +62,7 @@ class QuantizationJobResources(Construct):
             description="AWQ quantization training job: base models in, gated model and "
             "reports out, nothing else",
         )
-        bucket_name = _literal(artifact_bucket.bucket_name)
+        bucket_name = literal_bucket_name(artifact_bucket.bucket_name)
         read_objects = artifact_bucket.arn_for_objects(f"{base_model_root}/*")
         write_objects = [artifact_bucket.arn_for_objects(f"{output_prefix}/*"),
                          artifact_bucket.arn_for_objects(f"{reports_prefix}/*")]
@@ -112,21 +113,8 @@ class QuantizationJobResources(Construct):
             sid="TrainingMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
             conditions={"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}},
         ))
-        self.iam_role.add_to_policy(iam.PolicyStatement(
-            sid="VpcNetworkInterfaces",
-            actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
-                     "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission"],
-            resources=["*"],
-            conditions={"ArnEquals": {"ec2:Vpc": stack.format_arn(
-                service="ec2", resource="vpc", resource_name=network.ec2_vpc.vpc_id)}},
-        ))
-        self.iam_role.add_to_policy(iam.PolicyStatement(
-            sid="VpcDescribe",
-            actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
-                     "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
-                     "ec2:DescribeSecurityGroups"],
-            resources=["*"],
-        ))
+        for statement in vpc_access_statements(stack, network.ec2_vpc.vpc_id):
+            self.iam_role.add_to_policy(statement)
         acknowledge(
             self.iam_role,
             "AwsSolutions-IAM5",
@@ -143,9 +131,3 @@ class QuantizationJobResources(Construct):
                 "Resource::*",
             ],
         )
-
-
-def _literal(value: str) -> str:
-    if cdk.Token.is_unresolved(value):
-        raise ValueError("the artifact bucket must be referenced by its literal name")
-    return value

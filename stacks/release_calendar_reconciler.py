@@ -33,7 +33,7 @@ from constructs import Construct, IConstruct
 from release_calendar import CapacityModel, capacity_models_to_json
 from stacks.alarm_rules import calendar_lambda_rules
 from stacks.alarms import AlarmSet
-from stacks.container_image import repo_python_function
+from stacks.container_image import lambda_logs_and_role, repo_python_function
 from stacks.nag import acknowledge, acknowledge_checkov
 
 LAMBDA_SOURCES: tuple[str, ...] = (
@@ -90,20 +90,9 @@ class ReleaseCalendarReconciler(Construct):
             if len(calendar_json.encode()) <= SSM_STANDARD_LIMIT_BYTES
             else ssm.ParameterTier.ADVANCED,
         )
-        log_group = logs.LogGroup(
-            self,
-            "Logs",
-            encryption_key=encryption_key,
-            retention=log_retention,
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-        )
-        role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Release-calendar reconciler: read its calendar, manage scheduled actions",
-        )
-        log_group.grant_write(role)
+        log_group, role = lambda_logs_and_role(
+            self, encryption_key=encryption_key, retention=log_retention,
+            description="Release-calendar reconciler: read its calendar, manage scheduled actions")
         self.ssm_parameter.grant_read(role)
         # The Describe calls support no resource-level permissions ("Actions, resources, and
         # condition keys for AWS Application Auto Scaling", Service Authorization Reference:

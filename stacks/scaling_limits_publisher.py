@@ -22,7 +22,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.container_image import repo_python_function
+from stacks.container_image import lambda_logs_and_role, repo_python_function
 from stacks.nag import acknowledge, acknowledge_checkov
 
 LAMBDA_SOURCES: tuple[str, ...] = ("lambdas/scaling_limits", "metrics_contract", "request_buckets")
@@ -49,20 +49,9 @@ class ScalingLimitsPublisher(Construct):
         if not resource_ids:
             raise ValueError("ScalingLimitsPublisher: resource_ids is empty; give the variants' "
                              "'endpoint/<name>/variant/<name>' ids")
-        log_group = logs.LogGroup(
-            self,
-            "Logs",
-            encryption_key=encryption_key,
-            retention=LOG_RETENTION,
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-        )
-        role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Scaling-limits publisher: read the variants' scalable targets",
-        )
-        log_group.grant_write(role)
+        log_group, role = lambda_logs_and_role(
+            self, encryption_key=encryption_key, retention=LOG_RETENTION,
+            description="Scaling-limits publisher: read the variants' scalable targets")
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadScalableTargets",

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from capacity_model.cli import batch_sizes_argument
 from capacity_model.decode_speed import (
     DecodePoint,
     DecodeProfile,
@@ -185,16 +186,6 @@ def _key(text: str) -> tuple[str, str, str, str]:
     return parts[0], parts[1], parts[2], parts[3]
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers like 1,8,32") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers >= 1")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 fine, 1 the gateway misbehaved, 2 a bad argument or table."""
     parser = argparse.ArgumentParser(prog="python -m tools.decode_bench", description=__doc__,
@@ -203,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--key", type=_key, required=True,
                         help="profile key: 'gpu|model|quantization|kv_cache_dtype' (the GPU "
                              "budget's names: MemoryPlan.gpu_model, model_name, quantization)")
-    parser.add_argument("--batch-sizes", type=_sizes, default=[1, 4, 16, 32])
+    parser.add_argument("--batch-sizes", type=batch_sizes_argument, default=[1, 4, 16, 32])
     parser.add_argument("--rounds", type=int, default=3, help="requests per worker")
     parser.add_argument("--prompt-tokens", type=int, default=900)
     parser.add_argument("--output-tokens", type=int, default=190)

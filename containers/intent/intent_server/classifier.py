@@ -18,6 +18,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from artifact_manifest import sha256_file
 from intent_server.batching import call_costs, plan_batches
 from intent_server.placement import CorePlan, ReplicaPool, load_order, plan_cores
 from intent_server.predictions import Prediction, predict
@@ -33,7 +34,6 @@ from neuron.manifest import (
     labels_from_json,
     manifest_from_json,
 )
-from neuron.model_archive import sha256_file
 from neuron.runtime import (
     SdkUnavailableError,
     load_sdk,
