@@ -12,6 +12,10 @@
   :data:`SYSTEM_PROMPT_JA` — sample customer and assistant lines in both languages: the gateway's
   warmup conversations, the demo tokenizer that tests, benchmarks and ``make local`` train, and
   the conversations the tests and benchmarks send.
+* :data:`LLAMA3_INSTRUCT_CHAT_TEMPLATE` and :data:`LLAMA3_SPECIAL_TOKENS` — the chat format of the
+  model family the platform serves, verbatim from Meta-Llama-3-8B-Instruct's
+  ``tokenizer_config.json``: the demo tokenizer and the real-engine tier's tiny Llama carry them,
+  so the gateway's rendering is checked against the real template everywhere.
 
 Shipped in the LLM image and the quantization image; pure module (no imports).
 """
@@ -103,3 +107,26 @@ SYSTEM_PROMPT_JA = (
     "あなたはマンガ専門店のショッピングアシスタント、MangaAssistです。実在する作品名だけを挙げ、"
     "お客様の言語で簡潔に答えてください。"
 )
+
+
+LLAMA3_BOS = "<|begin_of_text|>"
+LLAMA3_EOT = "<|eot_id|>"
+LLAMA3_SPECIAL_TOKENS: tuple[str, ...] = (
+    LLAMA3_BOS,
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    LLAMA3_EOT,
+)
+"""The special tokens the chat template writes (BOS, end of text, the header marks, end of turn)."""
+
+LLAMA3_INSTRUCT_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+"""Meta-Llama-3-8B-Instruct's chat template, verbatim from its ``tokenizer_config.json``."""

@@ -30,27 +30,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prompts import LLAMA3_BOS, LLAMA3_EOT, LLAMA3_INSTRUCT_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANGA_QA = REPO_ROOT / "quantization" / "data" / "manga_qa.jsonl"
-
-# Meta-Llama-3-8B-Instruct's chat template, verbatim from its tokenizer_config.json.
-LLAMA3_INSTRUCT_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
-    "{% endif %}"
-)
-
-LLAMA3_SPECIAL_TOKENS = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-)
 
 HIDDEN_SIZE = 256
 INTERMEDIATE_SIZE = 512
@@ -93,18 +76,18 @@ def build_tiny_llama3_tokenizer(qa_jsonl: Path, out_dir: Path, *, vocab_size: in
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_texts(qa_jsonl), trainer=trainer)
-    bos_id = tokenizer.token_to_id("<|begin_of_text|>")
+    bos_id = tokenizer.token_to_id(LLAMA3_BOS)
     # Llama-3's tokenizer.json prepends BOS to every encode: the chat template also writes it,
     # so a correct caller must tokenize rendered chat text with add_special_tokens=False.
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A",
         pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-        special_tokens=[("<|begin_of_text|>", bos_id)],
+        special_tokens=[(LLAMA3_BOS, bos_id)],
     )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        bos_token="<|begin_of_text|>",
-        eos_token="<|eot_id|>",
+        bos_token=LLAMA3_BOS,
+        eos_token=LLAMA3_EOT,
         pad_token="<|end_of_text|>",
         model_max_length=8192,
     )
@@ -197,6 +180,7 @@ def _content_key(max_position_embeddings: int, adapters: Sequence[AdapterFixture
     digest = hashlib.sha256()
     digest.update(Path(__file__).read_bytes())
     digest.update(MANGA_QA.read_bytes())
+    digest.update(repr((LLAMA3_INSTRUCT_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS)).encode())
     digest.update(repr((max_position_embeddings, tuple(adapters))).encode())
     return digest.hexdigest()[:16]
 
@@ -205,9 +189,9 @@ def cached_model_dir(cache_root: Path, *, max_position_embeddings: int = 1024,
                      adapters: Sequence[AdapterFixture] = ()) -> Path:
     """Build the model directory once per content key under ``cache_root`` and reuse it.
 
-    The key covers this module's source, the training text and the parameters, so a change to
-    any of them builds a new directory. The build writes to a temporary sibling and renames it,
-    so an interrupted build is never mistaken for a finished one.
+    The key covers this module's source, the training text, the chat format and the parameters,
+    so a change to any of them builds a new directory. The build writes to a temporary sibling
+    and renames it, so an interrupted build is never mistaken for a finished one.
     """
     key = _content_key(max_position_embeddings, adapters)
     target = cache_root / f"tiny-llama3-{key}"

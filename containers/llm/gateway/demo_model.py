@@ -20,29 +20,17 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN, SYSTEM_PROMPT_JA
-
-BOS_TOKEN = "<|begin_of_text|>"
-EOS_TOKEN = "<|eot_id|>"
-SPECIAL_TOKENS: tuple[str, ...] = (
-    BOS_TOKEN,
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    EOS_TOKEN,
+from prompts import (
+    LLAMA3_BOS,
+    LLAMA3_EOT,
+    LLAMA3_INSTRUCT_CHAT_TEMPLATE,
+    LLAMA3_SPECIAL_TOKENS,
+    MANGA_CORPUS_EN,
+    MANGA_CORPUS_JA,
+    SYSTEM_PROMPT_EN,
+    SYSTEM_PROMPT_JA,
 )
 
-LLAMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
-    " + message['content'] | trim + '<|eot_id|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{% endif %}"
-)
-"""The Llama-3 instruct chat template (the shape of the model the platform serves)."""
 
 def corpus_lines() -> list[str]:
     """Every corpus sentence plus a few mixed-language lines, as training text."""
@@ -59,7 +47,7 @@ def train_tokenizer(vocab_size: int = 2048) -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(LLAMA3_SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -73,9 +61,9 @@ def write_model_dir(out_dir: Path, *, vocab_size: int = 2048) -> Path:
     tokenizer = train_tokenizer(vocab_size)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     config = {
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "chat_template": LLAMA3_CHAT_TEMPLATE,
+        "bos_token": LLAMA3_BOS,
+        "eos_token": LLAMA3_EOT,
+        "chat_template": LLAMA3_INSTRUCT_CHAT_TEMPLATE,
         "model_max_length": 8192,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
