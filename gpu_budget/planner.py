@@ -34,6 +34,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpu_budget.engine_args import (
+    BLOCK_SIZES,
+    MAX_LORA_RANKS,
+    as_env,
+    checked_engine_args,
+)
 from gpu_budget.instances import (
     GIB,
     HOURS_PER_MONTH,
@@ -52,7 +58,7 @@ from gpu_budget.lengths import (
     as_distribution,
     blocks_for_tokens,
 )
-from gpu_budget.lora import ALLOWED_LORA_RANKS, lora_bytes
+from gpu_budget.lora import lora_bytes
 from gpu_budget.model_spec import ModelSpec, load_model_spec
 from gpu_budget.weights import (
     INT8,
@@ -64,9 +70,6 @@ from gpu_budget.weights import (
     weights_bytes,
 )
 from request_buckets import RequestBucket, bucket_bounds
-
-ALLOWED_BLOCK_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
-"""Block sizes vLLM's CUDA attention backends accept."""
 
 SAMPLER_LOGITS_COPIES = 10
 """fp32 ``[max_num_seqs, vocab]`` copies alive at the sampler's peak (fitted 9.6–9.7, see above)."""
@@ -81,9 +84,6 @@ LARGE_GPU_BYTES = 70 * GIB
 """vLLM's defaults switch at 70 GiB: 256 seqs / 2,048 batched tokens below, 1,024 / 8,192 above
 (A100s excepted)."""
 
-ENGINE_ENV_PREFIX = "ENGINE_"
-"""Engine arguments travel as ``ENGINE_<EngineArgs name upper-cased>`` (never ``VLLM_*``, which
-vLLM reads itself)."""
 EXPECTED_KV_TOKENS_ENV_VAR = "GATEWAY_EXPECTED_KV_TOKENS"
 
 
@@ -222,63 +222,21 @@ class MemoryPlan:
             args["max_loras"] = self.max_loras
             args["max_lora_rank"] = self.max_lora_rank
             args["max_cpu_loras"] = self.max_cpu_loras
-        return args
+        return checked_engine_args(args)
 
     def engine_env(self, extra_args: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Environment variables that carry this plan to the serving container.
 
-        One ``ENGINE_<NAME>`` variable per :meth:`engine_args` entry (vLLM's ``EngineArgs`` name
-        upper-cased), plus ``extra_args`` the plan does not size (prefix caching, eager mode);
-        None values are left out, booleans are ``true``/``false``. ``GATEWAY_EXPECTED_KV_TOKENS``
-        carries the predicted KV pool, which the container compares with the engine's report
-        through :func:`compare_engine_report`. One variable per setting keeps a change to one
-        engine argument a one-line diff in ``cdk synth``.
+        One ``ENGINE_<NAME>`` variable per :meth:`engine_args` entry (named by its row of
+        :mod:`gpu_budget.engine_args`), plus ``extra_args`` the plan does not size (prefix
+        caching, eager mode); None values are left out, booleans are ``true``/``false``.
+        ``GATEWAY_EXPECTED_KV_TOKENS`` carries the predicted KV pool, which the container
+        compares with the engine's report through :func:`compare_engine_report`. One variable
+        per setting keeps a change to one engine argument a one-line diff in ``cdk synth``.
         """
-        env = {
-            engine_env_var(name): _env_text(value)
-            for name, value in sorted({**self.engine_args(), **(extra_args or {})}.items())
-            if value is not None
-        }
+        env = as_env(checked_engine_args({**self.engine_args(), **(extra_args or {})}))
         env[EXPECTED_KV_TOKENS_ENV_VAR] = str(self.kv_pool_tokens)
         return env
-
-
-def engine_env_var(arg_name: str) -> str:
-    """``max_model_len`` → ``ENGINE_MAX_MODEL_LEN``."""
-    return f"{ENGINE_ENV_PREFIX}{arg_name.upper()}"
-
-
-def _env_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _env_value(text: str) -> Any:
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
-def engine_args_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Read ``ENGINE_*`` variables back into engine keyword arguments (the inverse of
-    :meth:`MemoryPlan.engine_env`): ``true``/``false`` become booleans, numbers numbers.
-
-    The simulator's own ``ENGINE_SIM_*`` knobs are not engine arguments and are skipped.
-    """
-    args = {
-        name[len(ENGINE_ENV_PREFIX):].lower(): _env_value(value)
-        for name, value in environ.items()
-        if name.startswith(ENGINE_ENV_PREFIX) and not name.startswith(f"{ENGINE_ENV_PREFIX}SIM_")
-    }
-    if not args:
-        raise ValueError(f"no {ENGINE_ENV_PREFIX}* variables are set")
-    return args
 
 
 # ================================================================================= internals
@@ -421,10 +379,10 @@ def _validate_settings(req: _Request) -> None:
             "context the model was not trained for. Lower max_model_len to at most "
             f"{req.model.max_position_embeddings:,}."
         )
-    if req.block_size not in ALLOWED_BLOCK_SIZES:
+    if req.block_size not in BLOCK_SIZES:
         raise refuse(
             f"block_size {req.block_size} is not one vLLM's CUDA attention backends accept; "
-            f"use one of {', '.join(map(str, ALLOWED_BLOCK_SIZES))} (16 is the default)."
+            f"use one of {', '.join(map(str, BLOCK_SIZES))} (16 is the default)."
         )
     if req.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise refuse(
@@ -460,10 +418,10 @@ def _validate_settings(req: _Request) -> None:
         )
     if req.max_loras < 0:
         raise refuse(f"max_loras must be 0 (LoRA off) or more, got {req.max_loras}.")
-    if req.max_loras > 0 and req.max_lora_rank not in ALLOWED_LORA_RANKS:
+    if req.max_loras > 0 and req.max_lora_rank not in MAX_LORA_RANKS:
         raise refuse(
             f"max_lora_rank {req.max_lora_rank} is not one vLLM accepts; use one of "
-            f"{', '.join(map(str, ALLOWED_LORA_RANKS))}."
+            f"{', '.join(map(str, MAX_LORA_RANKS))}."
         )
     if req.max_loras == 0 and req.max_lora_rank:
         raise refuse(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_budget import (
+    ENGINE_ARGS,
     ENGINE_ENV_PREFIX,
     EXPECTED_KV_TOKENS_ENV_VAR,
     SEED_EXAMPLE_REQUEST_TOKENS,
@@ -17,7 +18,6 @@ from gpu_budget import (
     MemoryPlan,
     ModelSpec,
     compare_engine_report,
-    engine_args_from_env,
     instance_type,
     plan,
     static_vs_paged,
@@ -188,9 +188,12 @@ def test_engine_env_round_trip(g5_plan: MemoryPlan) -> None:
     assert all(k.startswith(ENGINE_ENV_PREFIX) for k in env if k != EXPECTED_KV_TOKENS_ENV_VAR)
     expected = {k: v for k, v in g5_plan.engine_args().items() if v is not None}
     expected["enable_prefix_caching"] = True
-    assert engine_args_from_env({**env, "ENGINE_SIM_SEED": "3"}) == expected
-    with pytest.raises(ValueError, match="no ENGINE_"):
-        engine_args_from_env({})
+    # each variable read back by its row of the engine-argument table gives the plan's value
+    assert {arg.field: arg.parse(env[arg.env]) for arg in ENGINE_ARGS if arg.env in env} \
+        == expected
+    assert set(env) - {arg.env for arg in ENGINE_ARGS} == {EXPECTED_KV_TOKENS_ENV_VAR}
+    with pytest.raises(ValueError, match="'swap_space' is not an engine argument"):
+        g5_plan.engine_env({"swap_space": 4})
 
 
 def test_tensor_parallel_plan(llama70b: ModelSpec) -> None:
