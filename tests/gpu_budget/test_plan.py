@@ -337,6 +337,42 @@ def test_invalid_settings_are_refused(llama8b: ModelSpec, overrides: dict[str, o
     assert fragment in str(error)
 
 
+def test_setting_checks_are_a_table_run_in_order(llama8b: ModelSpec) -> None:
+    """Each check guards one of plan()'s arguments; the first that applies is the refusal."""
+    import inspect
+
+    from gpu_budget.planner import SETTING_CHECKS
+
+    assert {check.field for check in SETTING_CHECKS} <= set(inspect.signature(plan).parameters)
+    fields = [check.field for check in SETTING_CHECKS]
+    assert fields.index("block_size") < fields.index("kv_cache_dtype") < fields.index(
+        "max_lora_rank")
+    error = _refusal(model=llama8b, quantization="awq", instance="ml.g5.xlarge",
+                     max_model_len=4096, block_size=24, kv_cache_dtype="int4", max_lora_rank=48)
+    assert "block_size 24" in str(error) and "kv_cache_dtype" not in str(error)
+
+
+def test_the_planner_keeps_its_public_names() -> None:
+    """Split into modules, gpu_budget.planner still offers every name its callers import."""
+    import gpu_budget
+    import gpu_budget.planner as planner
+
+    assert all(hasattr(planner, name) for name in planner.__all__)
+    assert {"BudgetError", "MemoryPlan", "BucketConcurrency", "plan", "validate",
+            "vllm_quantization_for", "EXPECTED_KV_TOKENS_ENV_VAR"} <= set(planner.__all__)
+    assert all(getattr(gpu_budget, name) is getattr(planner, name)
+               for name in ("BudgetError", "MemoryPlan", "plan", "validate"))
+
+
+def test_the_docs_map_every_module() -> None:
+    root = LLAMA_3_8B.parents[2]
+    docs = (root / "docs" / "gpu-budget.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## Where the code is"):]
+    missing = [path.name for path in sorted((root / "gpu_budget").glob("*.py"))
+               if not path.name.startswith("__") and f"`{path.name}`" not in section]
+    assert not missing, f"docs/gpu-budget.md's module table lacks {missing}"
+
+
 def test_tensor_parallel_split_refused(llama8b: ModelSpec) -> None:
     error = _refusal(model=llama8b, quantization="awq", instance="ml.g5.48xlarge",
                      max_model_len=4096, tensor_parallel_size=3)
