@@ -3,11 +3,23 @@
 The stacks call :func:`validate` / :func:`plan` at synth time (an impossible configuration fails
 the synth with :class:`BudgetError`), pass :meth:`MemoryPlan.engine_args` to the serving
 container, and the container checks the engine's real KV pool with
-:func:`compare_engine_report`. ``python -m gpu_budget plan ...`` prints the same plan.
+:func:`compare_engine_report`. Every engine argument's name, type, bounds and default is one row
+of :data:`ENGINE_ARGS` (:mod:`gpu_budget.engine_args`), which the plan, the container's settings,
+the vLLM adapter and the stack's settings all read. ``python -m gpu_budget plan ...`` prints the
+same plan.
 
 Pure package: no AWS, CDK or torch imports; matplotlib only inside :func:`plot_plan`.
 """
 
+from gpu_budget.engine_args import (
+    BLOCK_SIZES,
+    ENGINE_ARG,
+    ENGINE_ARGS,
+    ENGINE_ENV_PREFIX,
+    EngineArg,
+    EngineArgError,
+    engine_env_var,
+)
 from gpu_budget.engine_report import EngineKvComparison, compare_engine_report
 from gpu_budget.instances import (
     INSTANCE_CATALOG,
@@ -28,13 +40,10 @@ from gpu_budget.lengths import (
 from gpu_budget.lora import ALLOWED_LORA_RANKS, lora_bytes
 from gpu_budget.model_spec import ModelSpec, ModelSpecError, load_model_spec
 from gpu_budget.planner import (
-    ENGINE_ENV_PREFIX,
     EXPECTED_KV_TOKENS_ENV_VAR,
     BucketConcurrency,
     BudgetError,
     MemoryPlan,
-    engine_args_from_env,
-    engine_env_var,
     plan,
     validate,
     vllm_quantization_for,
@@ -50,6 +59,9 @@ from gpu_budget.weights import (
 
 __all__ = [
     "ALLOWED_LORA_RANKS",
+    "BLOCK_SIZES",
+    "ENGINE_ARG",
+    "ENGINE_ARGS",
     "ENGINE_ENV_PREFIX",
     "EXPECTED_KV_TOKENS_ENV_VAR",
     "INSTANCE_CATALOG",
@@ -60,6 +72,8 @@ __all__ = [
     "SEED_EXAMPLE_REQUEST_TOKENS",
     "BucketConcurrency",
     "BudgetError",
+    "EngineArg",
+    "EngineArgError",
     "EngineKvComparison",
     "InstanceType",
     "MemoryPlan",
@@ -71,7 +85,6 @@ __all__ = [
     "WeightFormat",
     "blocks_for_tokens",
     "compare_engine_report",
-    "engine_args_from_env",
     "engine_env_var",
     "gpu_memory_utilization_for",
     "instance_type",

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from gpu_budget.engine_args import BLOCK_SIZES
 from gpu_budget.instances import GIB, INSTANCE_CATALOG
 from gpu_budget.kv import KV_CACHE_DTYPES
 from gpu_budget.lengths import SEED_EXAMPLE_REQUEST_TOKENS
-from gpu_budget.planner import ALLOWED_BLOCK_SIZES, BudgetError, MemoryPlan, plan
+from gpu_budget.planner import BudgetError, MemoryPlan, plan
 from gpu_budget.report import format_plan, format_static_vs_paged
 from gpu_budget.static_paged import static_vs_paged
 from gpu_budget.weights import QUANTIZATION_CHOICES
@@ -83,7 +84,7 @@ def _add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context length in tokens (prompt + generated)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_DTYPES))
     parser.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
-    parser.add_argument("--block-size", type=int, default=16, choices=ALLOWED_BLOCK_SIZES)
+    parser.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
     parser.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
                         help="fraction of GPU memory for vLLM (default: the per-SKU rule)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=None)

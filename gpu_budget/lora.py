@@ -23,11 +23,13 @@ Llama-3-8B, 4 slots at rank 64: 1.31 GiB — a real bite out of a 24 GB A10G's K
 
 from __future__ import annotations
 
+from gpu_budget.engine_args import MAX_LORA_RANKS
 from gpu_budget.kv import kv_heads_per_gpu
 from gpu_budget.model_spec import ModelSpec
 
-ALLOWED_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""vLLM 0.33's accepted ``max_lora_rank`` values."""
+ALLOWED_LORA_RANKS: tuple[int, ...] = MAX_LORA_RANKS
+"""vLLM's accepted ``max_lora_rank`` values: the engine-argument table's
+(:data:`gpu_budget.engine_args.MAX_LORA_RANKS`)."""
 
 LORA_DTYPE_BYTES = 2
 

