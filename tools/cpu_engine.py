@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gpu_budget.engine_args import as_env, checked_engine_args
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 SERVE = REPO_ROOT / "containers" / "llm" / "serve"
@@ -67,7 +69,8 @@ class Served:
 
 def gateway_env(served: Served, engine: EngineConfig = EngineConfig(), *,
                 routing_table: str = "", **extra: str) -> dict[str, str]:
-    """The gateway's GATEWAY_*/ENGINE_* variables for ``served`` on ``engine``."""
+    """The gateway's GATEWAY_*/ENGINE_* variables for ``served`` on ``engine`` (the engine's
+    through :mod:`gpu_budget.engine_args`, checked against its table)."""
     env = {
         "GATEWAY_MODEL_DIR": str(served.model_dir),
         "GATEWAY_SERVED_MODEL_NAME": served.served_model_name,
@@ -75,18 +78,19 @@ def gateway_env(served: Served, engine: EngineConfig = EngineConfig(), *,
                                      for name, directory in served.adapters.items()),
         "GATEWAY_ROUTING_TABLE": routing_table,
         "GATEWAY_LOCALE_ROUTES": "",
-        "ENGINE_MAX_MODEL_LEN": str(engine.max_model_len),
-        "ENGINE_BLOCK_SIZE": str(engine.block_size),
-        "ENGINE_MAX_NUM_SEQS": str(engine.max_num_seqs),
-        "ENGINE_MAX_NUM_BATCHED_TOKENS": str(engine.max_num_batched_tokens),
-        "ENGINE_DTYPE": engine.dtype,
-        "ENGINE_MAX_LORAS": str(engine.max_loras),
-        "ENGINE_MAX_LORA_RANK": str(engine.max_lora_rank),
-        "ENGINE_ENABLE_LORA": "true" if served.adapters else "false",
-        "ENGINE_ENABLE_PREFIX_CACHING": "true" if engine.enable_prefix_caching else "false",
     }
-    if engine.num_gpu_blocks is not None:
-        env["ENGINE_NUM_GPU_BLOCKS"] = str(engine.num_gpu_blocks)
+    env.update(as_env(checked_engine_args({
+        "max_model_len": engine.max_model_len,
+        "block_size": engine.block_size,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "dtype": engine.dtype,
+        "max_loras": engine.max_loras,
+        "max_lora_rank": engine.max_lora_rank,
+        "enable_lora": bool(served.adapters),
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "num_gpu_blocks_override": engine.num_gpu_blocks,
+    })))
     env.update(extra)
     return env
 
