@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tools.scaling_sim.engine import SimulationResult
 from tools.scaling_sim.spike import SpikeOutcome
@@ -16,7 +17,6 @@ def plot_comparison(trace: Trace, with_calendar: SimulationResult,
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     zone = trace.start.tzinfo
@@ -50,18 +50,7 @@ def plot_comparison(trace: Trace, with_calendar: SimulationResult,
     delay_min = with_calendar.params.provisioning_delay_s / 60
     load_axis.set_title(f"{trace.name} ({trace.start:%a %Y-%m-%d}): provisioning delay "
                         f"{delay_min:g} min, {per_instance:g} invocations/min per instance")
-    fleet_axis.set_ylabel("instances")
-    fleet_axis.set_ylim(bottom=0)
-    fleet_axis.legend(loc="upper left", fontsize=8)
-    fleet_axis.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=zone))
-    fleet_axis.set_xlabel(f"local time ({trace.start:%Z})")
-    for axis in (load_axis, fleet_axis):
-        axis.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _finish(figure, load_axis, fleet_axis, trace=trace, zone=zone, path=path, fontsize=8)
 
 
 def plot_spike(trace: Trace, outcomes: Sequence[SpikeOutcome], path: Path) -> Path:
@@ -69,7 +58,6 @@ def plot_spike(trace: Trace, outcomes: Sequence[SpikeOutcome], path: Path) -> Pa
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     if not outcomes:
@@ -100,9 +88,18 @@ def plot_spike(trace: Trace, outcomes: Sequence[SpikeOutcome], path: Path) -> Pa
     load_axis.set_title(f"{trace.name} without the calendar ({trace.start:%a %Y-%m-%d}): "
                         f"provisioning delay {first.params.provisioning_delay_s / 60:g} min, "
                         f"{per_instance:g} invocations/min per instance")
+    return _finish(figure, load_axis, fleet_axis, trace=trace, zone=zone, path=path, fontsize=7)
+
+
+def _finish(figure: Any, load_axis: Any, fleet_axis: Any, *, trace: Trace, zone: Any, path: Path,
+            fontsize: int) -> Path:
+    """The fleet axis (instances over local time), a grid on both, and the PNG at ``path``."""
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
     fleet_axis.set_ylabel("instances")
     fleet_axis.set_ylim(bottom=0)
-    fleet_axis.legend(loc="upper left", fontsize=7)
+    fleet_axis.legend(loc="upper left", fontsize=fontsize)
     fleet_axis.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=zone))
     fleet_axis.set_xlabel(f"local time ({trace.start:%Z})")
     for axis in (load_axis, fleet_axis):
