@@ -1,7 +1,8 @@
 """Application Auto Scaling of one SageMaker endpoint variant, usable by either endpoint.
 
-Three layers (docs/design-decisions.md#target-tracking, #off-peak-floors,
-#release-calendar, #step-scaling), all acting on the variant's instance count:
+Three layers, all acting on the variant's instance count (docs/design-decisions.md#target-tracking,
+docs/design-decisions.md#off-peak-floors, docs/design-decisions.md#release-calendar,
+docs/design-decisions.md#step-scaling):
 
 * **target tracking** on InvocationsPerInstance and/or the high-resolution
   ConcurrentRequestsPerModel — scale out fast (60 s cooldown), scale in slowly (600 s);
