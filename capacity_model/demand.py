@@ -154,6 +154,8 @@ class ContextWindow:
     rag: float
     history: float
     output: float
+    step_turns: int = 6
+    """Turns each step of the window makes room for (``GATEWAY_CONTEXT_STEP_TURNS``)."""
 
     def __post_init__(self) -> None:
         shares = {"system": self.system, "rag": self.rag, "history": self.history,
@@ -166,6 +168,8 @@ class ContextWindow:
                               "accepted: at most 1")
         if self.history <= 0 or self.output <= 0:
             raise DemandError("context window: history and output shares must be above 0")
+        if self.step_turns < 1:
+            raise DemandError(f"context window: step_turns {self.step_turns}; accepted: >= 1")
 
     def default_max_tokens(self, max_model_len: int) -> int:
         """``max_tokens`` of a request that names none (the gateway's rule)."""

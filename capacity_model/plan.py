@@ -65,6 +65,7 @@ class LlmCapacity:
             "GATEWAY_BUCKET_CAPS": self.instance.gateway_bucket_caps(),
             "GATEWAY_ADMISSION_WATERMARK": f"{self.instance.admission_watermark:g}",
             "GATEWAY_CONTEXT_SPLIT": self.window.as_env(),
+            "GATEWAY_CONTEXT_STEP_TURNS": str(self.window.step_turns),
         }
 
     def template_metadata(self) -> dict[str, Any]:

@@ -88,6 +88,11 @@ CLIENT_ERRORS = MetricSpec("ClientErrors", Unit.COUNT,
 PROMPT_TOKENS = MetricSpec("PromptTokens", Unit.COUNT,
                            "Prompt tokens sent to the engine after the context budget.",
                            Emitter.GATEWAY)
+CACHED_PROMPT_TOKENS = MetricSpec(
+    "CachedPromptTokens", Unit.COUNT,
+    "Prompt tokens the engine served from its prefix cache instead of prefilling them (vLLM "
+    "num_cached_tokens); CachedPromptTokens / PromptTokens is the prefix-cache hit rate.",
+    Emitter.GATEWAY)
 COMPLETION_TOKENS = MetricSpec("CompletionTokens", Unit.COUNT, "Tokens generated.",
                                Emitter.GATEWAY)
 CONTEXT_TRUNCATIONS = MetricSpec("ContextTruncations", Unit.COUNT,

@@ -37,6 +37,7 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "gpu_budget",
     "metrics_contract",
     "request_buckets",
+    "context_window",
     "serving_contract",
     "intents",
     "prompts",

@@ -586,6 +586,11 @@ class ContextWindowSettings(_Strict):
     rag: float = Field(0.25, ge=0, le=1)
     history: float = Field(0.5, gt=0, le=1)
     output: float = Field(0.125, gt=0, le=1)
+    step_turns: int = Field(
+        6, ge=1, le=1000,
+        description="Turns of the conversation's average size each step of the sliding window "
+        "makes room for (GATEWAY_CONTEXT_STEP_TURNS; docs/design-decisions.md"
+        "#prefix-stable-window).")
 
     @model_validator(mode="after")
     def _within_the_window(self) -> ContextWindowSettings:

@@ -152,12 +152,20 @@ class Choice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
+class PromptTokensDetails(BaseModel):
+    """OpenAI's breakdown of the prompt tokens."""
+
+    cached_tokens: int
+    """Prompt tokens the engine's prefix cache served (vLLM's ``num_cached_tokens``)."""
+
+
 class Usage(BaseModel):
     """Token usage in the served model's tokens."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class ContextReport(BaseModel):

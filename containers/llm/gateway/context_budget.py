@@ -20,7 +20,12 @@ and, inside it, by priority:
 3. **RAG context** — chunks in rank order while they fit the *rag* share and what is left after
    1-2; a chunk that does not fit ends the list (it can never starve the question).
 4. **History** — the newest turns that fit the *history* share and what is left; everything older
-   is dropped. A "turn" here is one user or assistant message.
+   is dropped. A "turn" here is one user or assistant message. The window moves in steps
+   (:mod:`context_window`): once the history outgrows its share, enough of the oldest messages go
+   at once that ``step_turns`` more turns fit before the next step, so between steps each
+   request's prompt extends the previous one's and the engine's prefix cache serves all of it but
+   the new messages (docs/design-decisions.md#prefix-stable-window). Only when this request's
+   retrieved context or question leaves less room than that does it keep fewer, newest first.
 
 While the circuit breaker is not closed, the RAG and history shares are multiplied by a factor
 below 1 (a smaller context after an OOM). Pure module: token counts come in as numbers and the
@@ -34,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from context_window import StepPolicy, stable_history_start
 from gateway.settings import ContextSplit
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -195,6 +201,7 @@ def plan_context(
     split: ContextSplit,
     fixed_overhead_tokens: int,
     marker_tokens: Callable[[int], int],
+    step_turns: int,
     rag_chunk_tokens: Sequence[int] = (),
     rag_overhead_tokens: int = 0,
     context_factor: float = 1.0,
@@ -205,7 +212,9 @@ def plan_context(
     ``marker_tokens(n)`` is the size of the truncation-marker message for ``n`` dropped turns;
     ``rag_chunk_tokens`` the size of each RAG chunk in rank order and ``rag_overhead_tokens`` the
     cost of the message that carries them; ``reserve_tokens`` is taken off the prompt budget (the
-    caller's correction when the rendered prompt came out larger than estimated).
+    caller's correction when the rendered prompt came out larger than estimated);
+    ``step_turns`` how many turns of the conversation's average size each step of the window
+    makes room for (:class:`context_window.StepPolicy`).
     """
     if not messages:
         raise BudgetError("messages: at least one message is required", param="messages")
@@ -229,12 +238,15 @@ def plan_context(
     rag_kept, rag_used = _fit_rag(rag_chunk_tokens, rag_overhead_tokens, rag_room)
     remaining -= rag_used
 
-    history_room = min(math.floor(split.history * max_model_len * context_factor), remaining)
+    history_share = math.floor(split.history * max_model_len * context_factor)
+    history_room = min(history_share, remaining)
     if sum(m.tokens for m in history) <= history_room:
         kept_history = list(history)
     else:
+        start = stable_history_start([m.tokens for m in history],
+                                     StepPolicy(history_share, step_turns))
         kept_history = _newest_that_fit(
-            history, min(history_room, max(0, remaining - marker_reserve)))
+            history[start:], min(history_room, max(0, remaining - marker_reserve)))
     kept_set = {m.position for m in kept_history}
     dropped = tuple(m.position for m in history if m.position not in kept_set)
     kept = sorted([*(m.position for m in instructions), *kept_set, current.position])

@@ -22,6 +22,7 @@ from gateway.api_schema import (
     ChunkChoice,
     ChunkDelta,
     FallbackInfo,
+    PromptTokensDetails,
     ResponseExtension,
     Usage,
     error_body,
@@ -45,8 +46,10 @@ def json_bytes(document: Any) -> bytes:
 def usage(record: RequestRecord) -> Usage:
     """Token usage of one request, in the served model's tokens."""
     prompt = record.prompt_tokens if record.reached_engine else 0
+    cached = record.cached_tokens if record.reached_engine else 0
     return Usage(prompt_tokens=prompt, completion_tokens=record.completion_tokens,
-                 total_tokens=prompt + record.completion_tokens)
+                 total_tokens=prompt + record.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def final_extension(prepared: PreparedChat, finish: FinishEvent) -> ResponseExtension:

@@ -390,6 +390,7 @@ class ChatService:
                     marker_tokens=self._marker_tokens, rag_chunk_tokens=rag_tokens,
                     rag_overhead_tokens=self._system_overhead + self._rag_header_tokens,
                     context_factor=context_factor, reserve_tokens=reserve,
+                    step_turns=self.settings.gateway.context_step_turns,
                 )
             except BudgetError as error:
                 raise ApiError(400, str(error), param=error.param,
@@ -538,6 +539,8 @@ class ChatService:
                 async for delta in stream:
                     if record.ttft_s is None and delta.token_ids:
                         record.ttft_s = self.clock() - admission.admitted_at
+                    if delta.cached_tokens is not None:
+                        record.cached_tokens = delta.cached_tokens
                     record.completion_tokens += len(delta.token_ids)
                     record.mark_tokens(self.clock(), len(delta.token_ids))
                     if delta.text:

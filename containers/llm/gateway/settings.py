@@ -91,6 +91,12 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
                 "Shares of ENGINE_MAX_MODEL_LEN for system+pinned messages, RAG context, history "
                 "and the default max output (512/1024/2048/512 of 4096, "
                 "docs/design-decisions.md#context-split)."),
+    SettingSpec("GATEWAY_CONTEXT_STEP_TURNS", "6",
+                "When the history outgrows its share, the window drops the oldest turns in one "
+                "step so that this many more turns of the conversation's average size fit "
+                "before the next step: between steps every prompt extends the previous one and "
+                "the engine's prefix cache serves it (docs/design-decisions.md"
+                "#prefix-stable-window)."),
     SettingSpec("GATEWAY_TOKEN_CACHE_MAX_TOKENS", "2000000",
                 "Bound of the per-message token cache, in cached tokens (LRU)."),
     SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),
@@ -225,6 +231,7 @@ class GatewaySettings:
     routing_table: Mapping[str, str]
     locale_routes: Mapping[tuple[str, str], str]
     context_split: ContextSplit
+    context_step_turns: int
     token_cache_max_tokens: int
     max_messages: int
     max_body_bytes: int
@@ -520,6 +527,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         routing_table=_parse_routing(reader, adapter_names),
         locale_routes=_parse_locale_routes(reader, adapter_names),
         context_split=_parse_split(reader),
+        context_step_turns=reader.integer("GATEWAY_CONTEXT_STEP_TURNS", minimum=1, maximum=1000),
         token_cache_max_tokens=reader.integer("GATEWAY_TOKEN_CACHE_MAX_TOKENS", minimum=0),
         max_messages=reader.integer("GATEWAY_MAX_MESSAGES", minimum=1, maximum=100_000),
         max_body_bytes=reader.integer("GATEWAY_MAX_BODY_BYTES", minimum=1024),

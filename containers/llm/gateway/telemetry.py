@@ -52,6 +52,8 @@ class RequestRecord:
     locale: str | None = None
     bucket: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the engine's prefix cache served (the rest it prefilled)."""
     completion_tokens: int = 0
     truncated: bool = False
     dropped_turns: int = 0
@@ -109,6 +111,7 @@ class RequestRecord:
         fields.update({key: value for key, value in optional.items() if value is not None})
         if self.reached_engine or self.prompt_tokens:
             fields.update(prompt_tokens=self.prompt_tokens,
+                          cached_tokens=self.cached_tokens,
                           completion_tokens=self.completion_tokens,
                           truncated=self.truncated, dropped_turns=self.dropped_turns,
                           rag_chunks_dropped=self.rag_chunks_dropped)
@@ -179,6 +182,7 @@ class Telemetry:
             values.update({
                 mc.REQUESTS: 1,
                 mc.PROMPT_TOKENS: record.prompt_tokens,
+                mc.CACHED_PROMPT_TOKENS: record.cached_tokens,
                 mc.COMPLETION_TOKENS: record.completion_tokens,
                 mc.CONTEXT_TRUNCATIONS: 1 if record.truncated else 0,
                 mc.DROPPED_TURNS: record.dropped_turns,

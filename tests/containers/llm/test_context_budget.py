@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from context_window import StepPolicy, stable_history_start, step_points
 from gateway.context_budget import (
     BudgetMessage,
     CurrentMessageTooLong,
@@ -36,7 +39,7 @@ def conversation(history: list[int], *, system: int = 100, current: int = 50,
 def plan(messages: list[BudgetMessage], **overrides: object):  # type: ignore[no-untyped-def]
     arguments: dict[str, object] = {
         "max_model_len": 4096, "max_output_tokens": 512, "split": SPLIT,
-        "fixed_overhead_tokens": 9, "marker_tokens": marker,
+        "fixed_overhead_tokens": 9, "marker_tokens": marker, "step_turns": 6,
     }
     arguments.update(overrides)
     return plan_context(messages, **arguments)  # type: ignore[arg-type]
@@ -51,7 +54,7 @@ def test_everything_fits_no_marker() -> None:
     assert result.estimated_prompt_tokens == 9 + 100 + 1000 + 50
 
 
-def test_long_history_keeps_newest_drops_oldest_and_fills_the_window_exactly() -> None:
+def test_long_history_keeps_the_newest_as_the_step_policy_says() -> None:
     history = [100] * 40  # 4000 tokens against a 2048-token history share
     result = plan(conversation(history))
     assert result.truncated
@@ -59,13 +62,30 @@ def test_long_history_keeps_newest_drops_oldest_and_fills_the_window_exactly() -
     assert dropped == tuple(range(1, 1 + len(dropped)))  # the oldest ones, contiguous
     kept_history = [i for i in result.kept_indices if 1 <= i <= 40]
     assert kept_history == list(range(41 - len(kept_history), 41))  # the newest ones
-    assert result.history_tokens == 100 * len(kept_history)
-    # Exactly inside: what is kept fits, one more turn would not.
-    room = min(result.history_budget_tokens,
-               result.prompt_budget_tokens - 100 - 50 - marker(40))
-    assert result.history_tokens <= room < result.history_tokens + 100
+    # The window stepped where a 2048-token history share with room for 6 more turns puts it.
+    start = stable_history_start(history, StepPolicy(2048, 6))
+    assert kept_history[0] == 1 + start
+    assert result.history_tokens == 100 * len(kept_history) <= result.history_budget_tokens
     assert result.marker_tokens == marker(len(dropped))
     assert result.estimated_prompt_tokens <= 4096 - 512
+
+
+def test_between_steps_each_turn_keeps_the_previous_turns_history() -> None:
+    """Turn t+1 (two messages longer) keeps exactly what turn t kept plus its two new messages,
+    except on the turns where the window steps; steps are 6 turns apart for equal turns."""
+    history = [100] * 60
+    plans = [plan(conversation(history[:length])) for length in range(0, 61, 2)]
+    steps = 0
+    for before, after in itertools.pairwise(plans):
+        kept_before = [i for i in before.kept_indices if i not in (0, before.kept_indices[-1])]
+        kept_after = [i for i in after.kept_indices if i not in (0, after.kept_indices[-1])]
+        if kept_after[:len(kept_before) + 1] == [*kept_before, before.kept_indices[-1]]:
+            assert after.dropped_indices == before.dropped_indices  # the same marker text
+        else:
+            steps += 1
+            assert len(after.dropped_indices) > len(before.dropped_indices)
+    assert steps == len(step_points(history, StepPolicy(2048, 6)))
+    assert 1 <= steps <= 60 // 2 // 6
 
 
 def test_system_and_pinned_messages_survive_truncation() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from context_window import StepPolicy, stable_history_start
 from gateway.demo_model import synthetic_conversation
 from gateway.service import MARKER_TEMPLATE, ApiError
 from gateway.tokenizer import ChatTokenizer, ChatTurn
@@ -56,11 +57,12 @@ def test_35_turn_conversation_keeps_instructions_drops_oldest_and_fits_exactly(
     assert prompt.num_tokens == plan.estimated_prompt_tokens
     assert prompt.num_tokens + 256 <= 4096
     assert plan.history_tokens <= plan.history_budget_tokens == 2048
-    # ...and tight: the newest dropped turn would not have fitted.
-    newest_dropped = plan.dropped_indices[-1]
-    turn_tokens = (chat_tokenizer.count([messages[newest_dropped]["content"]])[0]
-                   + chat_tokenizer.overhead.for_role(messages[newest_dropped]["role"]))
-    assert plan.history_tokens + turn_tokens > plan.history_budget_tokens
+    # ...and where the step policy puts the window for these messages' real sizes.
+    history = [i for i in range(1, len(messages) - 1) if i != 3]
+    sizes = [chat_tokenizer.count([messages[i]["content"]])[0]
+             + chat_tokenizer.overhead.for_role(messages[i]["role"]) for i in history]
+    start = stable_history_start(sizes, StepPolicy(2048, 6))
+    assert history_kept[:-1] == history[start:]
 
 
 def test_every_prefix_of_a_60_turn_session_fits(make_runtime: Any,

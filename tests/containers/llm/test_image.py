@@ -62,7 +62,7 @@ def copied_paths() -> set[str]:
 
 def first_party_imports(folder: Path) -> set[str]:
     """Top-level or dotted first-party modules the gateway imports."""
-    first_party = {"gpu_budget", "metrics_contract", "request_buckets", "intents", "prompts",
+    first_party = {"gpu_budget", "metrics_contract", "request_buckets", "context_window", "intents", "prompts",
                    "quantization", "artifact_manifest", "serving_contract"}
     found: set[str] = set()
     for path in [*folder.rglob("*.py"), LLM / "serve"]:

@@ -13,6 +13,7 @@ import pytest
 from gateway.demo_model import synthetic_conversation
 from gateway.tokenizer import ChatTokenizer
 from prompts import SYSTEM_PROMPT_EN
+from request_buckets import bucket_bounds
 from tests.containers.llm.harness import GatewayProcess
 from tests.containers.llm.test_telemetry import assert_valid_emf
 
@@ -129,7 +130,29 @@ def test_long_conversation_reports_what_the_window_kept(gateway: GatewayProcess,
     assert context["truncation_notice"] == (
         f"Earlier conversation truncated — {context['dropped_turns']} turns not shown.")
     assert context["prompt_tokens"] + 32 <= 4096
-    assert response.json()["mangaassist"]["bucket"] == "XL"
+    bucket = bucket_bounds(4096).classify(context["prompt_tokens"] + 32)
+    assert response.json()["mangaassist"]["bucket"] == bucket.value
+
+
+def test_the_next_turn_reports_its_cached_prompt_tokens(gateway: GatewayProcess,
+                                                       chat_tokenizer: ChatTokenizer) -> None:
+    """The engine's prefix-cache hits reach OpenAI's usage field, streamed and not: the second
+    turn of a conversation finds the first turn's prompt cached."""
+    history = synthetic_conversation(chat_tokenizer.tokenizer, turns=9, tokens_per_turn=60,
+                                     seed=23)
+    first = post(gateway, {"messages": history, "max_tokens": 8}).json()
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    answer = first["choices"][0]["message"]["content"]
+    turn = [*history, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And the second volume?"}]
+    second = post(gateway, {"messages": turn, "max_tokens": 8}).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first["usage"]["prompt_tokens"] - 16 <= cached < second["usage"]["prompt_tokens"]
+    assert cached % 16 == 0  # whole KV blocks
+    streamed = post(gateway, {"messages": turn, "max_tokens": 8, "stream": True,
+                              "stream_options": {"include_usage": True}})
+    usage = sse_events(streamed.text)[-2]["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= cached
 
 
 def test_models_are_listed(gateway: GatewayProcess) -> None:

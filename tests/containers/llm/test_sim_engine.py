@@ -290,3 +290,17 @@ def test_step_latency_is_simulated() -> None:
 def test_a_pool_smaller_than_one_sequence_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot hold one max_model_len=4096 sequence"):
         SimEngine(num_gpu_blocks=100, max_model_len=4096)
+
+
+def test_a_repeated_prefix_is_served_from_the_prefix_cache_in_whole_blocks() -> None:
+    async def scenario(prefix_caching: bool) -> list[int | None]:
+        sim = engine(prefix_caching=prefix_caching)
+        await sim.start()
+        first = await collect(sim, "a", 100, 4)
+        longer = await collect(sim, "b", 140, 4)  # the same first 100 tokens, and 40 more
+        same = await collect(sim, "c", 96, 4)  # fully cached: the last token is still computed
+        sim.check_invariants()
+        return [first[0].cached_tokens, longer[0].cached_tokens, same[0].cached_tokens]
+
+    assert run(lambda: scenario(True)) == [0, 96, 80]
+    assert run(lambda: scenario(False)) == [0, 0, 0]

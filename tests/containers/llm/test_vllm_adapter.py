@@ -98,6 +98,7 @@ class FakeCompletion:
 class FakeOutput:
     outputs: list[FakeCompletion]
     finished: bool
+    num_cached_tokens: int | None = None
 
 
 class FakeKinds:
@@ -137,8 +138,8 @@ class FakeAsyncLLM:
         self.dead_error: BaseException | None = None
         self.shut_down = False
         self.script: list[FakeOutput] = [
-            FakeOutput([FakeCompletion("こんにちは", [11, 12], None)], False),
-            FakeOutput([FakeCompletion(" world", [13], "stop")], True),
+            FakeOutput([FakeCompletion("こんにちは", [11, 12], None)], False, 32),
+            FakeOutput([FakeCompletion(" world", [13], "stop")], True, 32),
         ]
         self.raise_in_generate: BaseException | None = None
 
@@ -339,6 +340,7 @@ def test_generate_streams_deltas_from_token_ids(settings: Any) -> None:
     deltas = asyncio.run(collect(engine))
     assert [(d.text, d.token_ids, d.finish_reason) for d in deltas] == [
         ("こんにちは", (11, 12), None), (" world", (13,), "stop")]
+    assert [d.cached_tokens for d in deltas] == [32, 32]  # vLLM's num_cached_tokens
     prompt, sampling, request_id, lora = FakeAsyncLLM.instances[0].calls[-1]
     assert prompt == {"prompt_token_ids": [128000, 6151]}, "the gateway's exact tokens"
     assert request_id == "req-1"

@@ -45,6 +45,7 @@ WANTED = {
     "platforms_interface": "vllm/platforms/interface.py",
     "flash_attn": "vllm/v1/attention/backends/flash_attn.py",
     "cpu_attn": "vllm/v1/attention/backends/cpu_attn.py",
+    "outputs": "vllm/outputs.py",
 }
 
 
@@ -258,6 +259,16 @@ def test_helper_classes_have_the_fields_we_pass(vllm_source: dict[str, ast.Modul
     class_def(vllm_source["engine_exceptions"], "EngineDeadError")
     cache = class_fields(class_def(vllm_source["cache_config"], "CacheConfig"))
     assert {"num_gpu_blocks", "block_size"} <= cache
+
+
+def test_request_outputs_carry_what_the_adapter_reads(
+        vllm_source: dict[str, ast.Module]) -> None:
+    """``RequestOutput`` takes (and stores) every field the adapter reads from it."""
+    init = method(class_def(vllm_source["outputs"], "RequestOutput"), "__init__")
+    parameters = {a.arg for a in (*init.args.args, *init.args.kwonlyargs)}
+    assert set(adapter.REQUEST_OUTPUT_FIELDS) <= parameters
+    completion = class_fields(class_def(vllm_source["outputs"], "CompletionOutput"))
+    assert {"text", "token_ids", "finish_reason"} <= completion
 
 
 def test_the_stat_logger_matches_vllms_interface(vllm_source: dict[str, ast.Module]) -> None:

@@ -102,6 +102,9 @@ class GenerationDelta(NamedTuple):
     text: str
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens the engine took from its prefix cache instead of prefilling them (vLLM:
+    ``RequestOutput.num_cached_tokens``); set once the prompt has been scheduled, None before."""
 
 
 @dataclass(frozen=True)

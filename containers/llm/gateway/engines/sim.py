@@ -10,6 +10,12 @@ Its output text is generated, not meaningful; its behaviour under memory pressur
   the rest of a chunked prefill), then admits waiting requests first-come-first-served while the
   step's token budget (``max_num_batched_tokens``), ``max_num_seqs``, ``max_loras`` and free blocks
   allow. Requests join and leave the batch at every step.
+* **Prefix caching** (``enable_prefix_caching``, as vLLM). Each full block of a prompt is hashed
+  with everything before it (and the adapter); once a prompt has been computed its blocks' hashes
+  are kept, least recently used first out, up to the pool's size. A request admitted later skips
+  the prefill of its longest cached prefix (never the last token) and reports it as
+  ``cached_tokens``. Unlike vLLM it does not share the cached blocks between requests: each
+  request still holds its own, so memory pressure is if anything overstated.
 * **Preemption with recompute.** When a running request needs a block and none is free, the most
   recently admitted running request is preempted: its blocks are freed and it goes back to the
   front of the queue to recompute its prompt *and* the tokens it already produced (vLLM v1).
@@ -31,8 +37,8 @@ import contextlib
 import math
 import random
 import zlib
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.engines.base import (
@@ -83,6 +89,10 @@ class _SimRequest:
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
     finished: bool = False
+    block_hashes: tuple[int, ...] = ()
+    """Chained hashes of the prompt's full blocks (the prefix-cache keys)."""
+    cached_tokens: int | None = None
+    """Prompt tokens taken from the prefix cache at first admission; None before it."""
 
     num_tokens: int = 0
     """Prompt plus generated tokens (kept in step with output_ids)."""
@@ -122,7 +132,7 @@ class _SimRequest:
             texts.append(delta.text)
             token_ids.extend(delta.token_ids)
             finish = delta.finish_reason
-        return GenerationDelta("".join(texts), tuple(token_ids), finish)
+        return GenerationDelta("".join(texts), tuple(token_ids), finish, first.cached_tokens)
 
 
 class SimEngine:
@@ -147,6 +157,7 @@ class SimEngine:
         oom_batched_tokens: int | None = None,
         eos_probability: float = 0.0,
         seed: int = 0,
+        prefix_caching: bool = True,
     ) -> None:
         problems = []
         for label, value in (("num_gpu_blocks", num_gpu_blocks), ("block_size", block_size),
@@ -188,6 +199,8 @@ class SimEngine:
         self.oom_batched_tokens = oom_batched_tokens
         self.eos_probability = eos_probability
         self.seed = seed
+        self.prefix_caching = prefix_caching
+        self._prefix_cache: OrderedDict[int, None] = OrderedDict()
 
         self._free_blocks: list[int] = list(range(num_gpu_blocks))
         self._waiting: deque[_SimRequest] = deque()
@@ -258,13 +271,15 @@ class SimEngine:
         seed = params.seed if params.seed is not None else (
             zlib.crc32(prompt.text.encode("utf-8", "surrogatepass")) ^ self.seed
         )
+        adapter_name = adapter.name if adapter is not None else None
         request = _SimRequest(
             request_id=request_id,
             prompt_len=num_prompt,
             num_tokens=num_prompt,
             params=params,
-            adapter=adapter.name if adapter is not None else None,
+            adapter=adapter_name,
             rng=random.Random(seed),
+            block_hashes=self._block_hashes(prompt.token_ids, adapter_name),
         )
         self._requests[request_id] = request
         self._waiting.append(request)
@@ -406,6 +421,37 @@ class SimEngine:
         except Exception as exc:  # a simulator bug must still fail-stop like an engine would
             self._die(EngineDead(f"simulated engine crashed: {exc!r}"))
 
+    def _block_hashes(self, token_ids: Sequence[int], adapter: str | None) -> tuple[int, ...]:
+        """Each full block's hash, chained over the blocks before it (vLLM's scheme)."""
+        if not self.prefix_caching:
+            return ()
+        hashes: list[int] = []
+        parent = hash(adapter)
+        size = self.block_size
+        for start in range(0, len(token_ids) - size + 1, size):
+            parent = hash((parent, tuple(token_ids[start:start + size])))
+            hashes.append(parent)
+        return tuple(hashes)
+
+    def _cached_prefix(self, request: _SimRequest) -> int:
+        """Tokens of the request's prompt whose blocks are cached (never the whole prompt:
+        the last token is always computed, as in vLLM)."""
+        hits = 0
+        for block_hash in request.block_hashes[:(request.prompt_len - 1) // self.block_size]:
+            if block_hash not in self._prefix_cache:
+                break
+            self._prefix_cache.move_to_end(block_hash)
+            hits += 1
+        return hits * self.block_size
+
+    def _remember_prefix(self, request: _SimRequest) -> None:
+        """Keep the computed prompt's block hashes (least recently used out, pool-sized)."""
+        for block_hash in request.block_hashes:
+            self._prefix_cache[block_hash] = None
+            self._prefix_cache.move_to_end(block_hash)
+        while len(self._prefix_cache) > self.num_gpu_blocks:
+            self._prefix_cache.popitem(last=False)
+
     def _blocks_needed(self, request: _SimRequest, num_new: int) -> int:
         total = -(-(request.num_computed + num_new) // self.block_size)  # ceil division
         missing = total - len(request.blocks)
@@ -448,9 +494,14 @@ class SimEngine:
                 index += 1
                 continue
             break  # the request itself was preempted: nothing after it can run either
-        if preempted or not self._waiting:
-            self._last_budget_left = budget
-            return scheduled  # as vLLM: no new admissions in a step that had to preempt
+        if not preempted and self._waiting:  # as vLLM: no new admissions in a step that had
+            budget = self._admit_waiting(budget, scheduled)  # to preempt
+        self._last_budget_left = budget
+        return scheduled
+
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[_SimRequest, int]]) -> int:
+        """Admit waiting requests first come, first served while the step's token budget,
+        ``max_num_seqs``, ``max_loras`` and the free blocks allow; the budget left."""
         loras = {request.adapter for request in self._running if request.adapter is not None}
         skipped: list[_SimRequest] = []
         while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
@@ -459,11 +510,18 @@ class SimEngine:
                     and len(loras) >= self.max_loras):
                 skipped.append(request)  # wait until one of the running adapters drains
                 continue
+            first_admission = request.cached_tokens is None
+            if first_admission:
+                request.num_computed = self._cached_prefix(request)
             num_new = min(request.num_tokens - request.num_computed, budget)
             need = self._blocks_needed(request, num_new)
             if need > len(self._free_blocks):
+                if first_admission:
+                    request.num_computed = 0
                 self._waiting.appendleft(request)
                 break
+            if first_admission:
+                request.cached_tokens = request.num_computed
             self._allocate(request, need)
             self._running.append(request)
             if request.adapter is not None:
@@ -471,8 +529,7 @@ class SimEngine:
             scheduled.append((request, num_new))
             budget -= num_new
         self._waiting.extendleft(reversed(skipped))
-        self._last_budget_left = budget
-        return scheduled
+        return budget
 
     def _complete_step(self, scheduled: list[tuple[_SimRequest, int]]) -> None:
         for request, count in scheduled:
@@ -489,6 +546,8 @@ class SimEngine:
         word = _OUTPUT_WORDS[word_index]
         request.output_ids.append(token_id)
         request.num_tokens += 1
+        if len(request.output_ids) == 1:
+            self._remember_prefix(request)
         finish: FinishReason | None = None
         text = word
         if request.params.stop:
@@ -508,7 +567,7 @@ class SimEngine:
             elif (len(request.output_ids) >= request.params.max_tokens
                   or request.num_tokens >= self.max_model_len):
                 finish = "length"
-        request.deliver(GenerationDelta(text, (token_id,), finish))
+        request.deliver(GenerationDelta(text, (token_id,), finish, request.cached_tokens))
         if finish is not None:
             self._finish(request)
 
@@ -568,4 +627,5 @@ def from_settings(settings: Settings) -> SimEngine:
         oom_batched_tokens=engine.sim_oom_batched_tokens,
         eos_probability=engine.sim_eos_probability,
         seed=engine.sim_seed,
+        prefix_caching=engine.enable_prefix_caching,
     )

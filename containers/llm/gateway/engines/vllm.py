@@ -98,6 +98,9 @@ ASYNC_LLM_MEMBERS: tuple[str, ...] = (
 GENERATE_KEYWORDS: tuple[str, ...] = ("lora_request",)
 """Keyword arguments this adapter passes to ``AsyncLLM.generate`` besides the positional ones."""
 
+REQUEST_OUTPUT_FIELDS: tuple[str, ...] = ("outputs", "finished", "num_cached_tokens")
+"""What the adapter reads from each ``RequestOutput`` (checked against vLLM's source)."""
+
 OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
 
 @dataclass(frozen=True)
@@ -419,6 +422,7 @@ class VllmEngine:
                     token_ids=tuple(completion.token_ids),
                     finish_reason=_finish_reason(completion.finish_reason)
                     if output.finished else None,
+                    cached_tokens=output.num_cached_tokens,
                 )
         except api.EngineDeadError as error:
             raise self._died(error) from error
