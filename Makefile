@@ -71,13 +71,15 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
 
-synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, cfn-lint, checkov), print the templates
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
 	$(CDK) synth --quiet
+	$(PY) -m tools.validation_summary cdk.out > cdk.out/validation-summary.txt \
+		|| { cat cdk.out/validation-summary.txt; exit 1; }
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
 	$(PY) tools/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
 		> cdk.out/checkov-summary.txt || { cat cdk.out/checkov-summary.txt; exit 1; }
-	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
+	@echo "$$(cat cdk.out/validation-summary.txt); cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
 simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img

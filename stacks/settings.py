@@ -74,6 +74,19 @@ class SettingsError(ValueError):
     """A configuration file is missing, unreadable or invalid. The message is for a person."""
 
 
+LOG_RETENTION_DAYS: dict[int, str] = {
+    365: "ONE_YEAR", 400: "THIRTEEN_MONTHS", 545: "EIGHTEEN_MONTHS", 731: "TWO_YEARS",
+    1096: "THREE_YEARS", 1827: "FIVE_YEARS", 2192: "SIX_YEARS", 2557: "SEVEN_YEARS",
+    2922: "EIGHT_YEARS", 3288: "NINE_YEARS", 3653: "TEN_YEARS",
+}
+"""CloudWatch Logs retention periods of a year or more (PutRetentionPolicy's allowed values) ->
+CDK's ``RetentionDays`` member. Shorter ones are refused: AWS Control Tower's proactive control
+CT.CLOUDWATCH.PR.2 "Require an Amazon CloudWatch log group to be retained for at least one year",
+and a year of these small log groups costs cents (docs/design-decisions.md#log-retention)."""
+
+LogRetentionDays = Literal[365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653]
+
+
 class _Strict(BaseModel):
     """Base for every settings model: unknown keys are errors, values are immutable."""
 
@@ -323,7 +336,8 @@ class NetworkSettings(_Strict):
         description="AZs of the isolated subnets, chosen by CloudFormation (Fn::GetAZs) in the "
         "stack's region, so synth never looks them up.",
     )
-    flow_log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+    flow_log_retention_days: LogRetentionDays = Field(
+        365, description="VPC flow logs. At least a year (AWS Control Tower CT.CLOUDWATCH.PR.2).")
 
 
 class EndpointAlarmSettings(_Strict):
@@ -958,7 +972,9 @@ class ReleaseCalendarSettings(_Strict):
     daily_run_utc: LocalTime = Field(
         "15:05", description="When the Lambda reconciles every day, UTC (15:05 = 00:05 JST)."
     )
-    log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+    log_retention_days: LogRetentionDays = Field(
+        365, description="The reconciler's logs. At least a year (AWS Control Tower "
+        "CT.CLOUDWATCH.PR.2).")
 
     @field_validator("file")
     @classmethod
