@@ -23,7 +23,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.container_image import repo_image_asset
-from stacks.model_role import literal_bucket_name, vpc_access_statements
+from stacks.model_role import literal_bucket_name, log_group_resources, vpc_access_statements
 from stacks.nag import acknowledge
 from stacks.network import ModelNetwork
 
@@ -107,7 +107,7 @@ class QuantizationJobResources(Construct):
             sid="TrainingLogs",
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
                      "logs:DescribeLogStreams"],
-            resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+            resources=log_group_resources(log_group_arn),
         ))
         self.iam_role.add_to_policy(iam.PolicyStatement(
             sid="TrainingMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
@@ -119,15 +119,15 @@ class QuantizationJobResources(Construct):
             self.iam_role,
             "AwsSolutions-IAM5",
             "Each wildcard is as narrow as the API allows: objects under the base-model root, "
-            "the model's own prefix and the reports prefix (adapters/ denied); the streams of "
-            "the training log group; PutMetricData is limited to the training namespace, "
+            "the model's own prefix and the reports prefix (adapters/ denied); the training log "
+            "group and its streams; PutMetricData is limited to the training namespace, "
             "ecr:GetAuthorizationToken and EC2 Describe* have no resource-level permissions, and "
             "the network-interface calls are limited to the models' VPC by ec2:Vpc.",
             applies_to=[
                 f"Resource::arn:aws:s3:::{bucket_name}/{base_model_root}/*",
                 f"Resource::arn:aws:s3:::{bucket_name}/{output_prefix}/*",
                 f"Resource::arn:aws:s3:::{bucket_name}/{reports_prefix}/*",
-                f"Resource::{log_group_arn}:log-stream:*",
+                f"Resource::{log_group_arn}:*",
                 "Resource::*",
             ],
         )
