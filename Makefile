@@ -25,7 +25,7 @@ STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_s
 PREFLIGHT ?= $(PY) -m tools.preflight
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
+.PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -137,6 +137,9 @@ smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): m
 
 quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
 	$(SM_VENV)/bin/python -m quantization.launch --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
+
+promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
+	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)
 
 clean: ## remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

@@ -85,13 +85,14 @@ class ServingStack(cdk.Stack):
             artifact_bucket=artifact_bucket,
             encryption_key=encryption_key,
             base_model_root=quantization.base_model_root,
-            output_prefix=settings.quantized_model_prefix,
+            candidates_prefix=quantization.candidates_prefix,
             reports_prefix=quantization.reports_prefix,
+            instance_type=quantization.instance_type,
             network=self.network,
         )
         self.network.allow_s3_writes(object_arns=[
             artifact_bucket.arn_for_objects(f"{prefix}/*")
-            for prefix in (settings.quantized_model_prefix, quantization.reports_prefix)
+            for prefix in (quantization.candidates_prefix, quantization.reports_prefix)
         ])
 
         llm, intent = settings.llm, settings.intent
@@ -209,6 +210,9 @@ class ServingStack(cdk.Stack):
                       value=cdk.Fn.join(",", self.network.subnet_ids))
         cdk.CfnOutput(self, job_outputs.JOB_SECURITY_GROUP_ID,
                       value=self.network.ec2_security_group.security_group_id)
+        cdk.CfnOutput(self, job_outputs.LLM_MODEL_PREFIX, value=layout.llm.read_prefix,
+                      description="The prefix the LLM endpoint serves (make promote never writes "
+                      "it and copies the adapters from it).")
 
 
 def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:

@@ -1048,10 +1048,12 @@ class QuantizationJobSettings(_Strict):
         description="Prefix in the artifact bucket under which base models are uploaded; the "
         "job's role reads nothing else.",
     )
-    output_prefix: S3Prefix | None = Field(
-        None,
-        description="Where a gated model is uploaded (default: llm.model.artifact_prefix). Set "
-        "a new prefix here first, deploy, quantize, then point llm.model.artifact_prefix at it.",
+    candidates_prefix: S3Prefix = Field(
+        "quantization/models",
+        description="Where each run that passes its gate uploads its model, with its own "
+        "artifact-manifest.json: <candidates_prefix>/<run id>/. Never served from there and never "
+        "written over the served prefix; `make promote` copies a run's model, checked, to "
+        "llm.model.artifact_prefix.",
     )
     reports_prefix: S3Prefix = Field(
         "quantization/runs", description="Every run's quality_gate.md/json, pass or fail."
@@ -1128,32 +1130,30 @@ class EnvironmentSettings(_Strict):
                     f"{role_account}; accepted: a role in this environment's account "
                     f"{self.account}"
                 )
-        quant = self.quantization
-        output = self.quantized_model_prefix
-        served = self.llm.model.artifact_prefix
-        for label, prefix in (("quantization.base_model_root", quant.base_model_root),
-                              ("quantization.reports_prefix", quant.reports_prefix)):
-            if _overlaps(prefix, output) or _overlaps(prefix, served):
-                raise ValueError(
-                    f"{label}: {prefix!r} overlaps the model prefix {output!r}; accepted: a "
-                    "prefix outside the served model's"
-                )
-        if _overlaps(output, self.intent.artifact_key.rsplit("/", 1)[0]):
-            raise ValueError(
-                f"quantization.output_prefix: {output!r} overlaps the intent model "
-                f"{self.intent.artifact_key!r}; accepted: a prefix of its own"
-            )
-        if _overlaps(quant.base_model_root, quant.reports_prefix):
-            raise ValueError(
-                f"quantization.reports_prefix: {quant.reports_prefix!r} overlaps "
-                f"quantization.base_model_root {quant.base_model_root!r}"
-            )
-        return self
+        return self._quantization_prefixes_apart()
 
-    @property
-    def quantized_model_prefix(self) -> str:
-        """Where the quantization job uploads a model that passed the gate."""
-        return self.quantization.output_prefix or self.llm.model.artifact_prefix
+    def _quantization_prefixes_apart(self) -> EnvironmentSettings:
+        quant = self.quantization
+        served = self.llm.model.artifact_prefix
+        intent = self.intent.artifact_key.rsplit("/", 1)[0]
+        prefixes = {"quantization.base_model_root": quant.base_model_root,
+                    "quantization.candidates_prefix": quant.candidates_prefix,
+                    "quantization.reports_prefix": quant.reports_prefix}
+        for label, prefix in prefixes.items():
+            if _overlaps(prefix, served):
+                raise ValueError(
+                    f"{label}: {prefix!r} overlaps the model prefix {served!r}; accepted: a "
+                    "prefix outside the served model's")
+            if _overlaps(prefix, intent):
+                raise ValueError(f"{label}: {prefix!r} overlaps the intent model "
+                                 f"{self.intent.artifact_key!r}; accepted: a prefix of its own")
+        labels = list(prefixes)
+        for index, first in enumerate(labels):
+            for second in labels[index + 1:]:
+                if _overlaps(prefixes[first], prefixes[second]):
+                    raise ValueError(f"{second}: {prefixes[second]!r} overlaps {first} "
+                                     f"{prefixes[first]!r}")
+        return self
 
     @property
     def resource_prefix(self) -> str:

@@ -133,10 +133,13 @@ def parse_listing_manifest(listing: ArtifactListing, bucket: str) -> ArtifactFil
 
 
 def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn: str,
-                      environment: str) -> list[str]:
-    """Missing, different or stray objects of one endpoint's artifact."""
+                      environment: str, fix: str | None = None,
+                      check_stray: bool = True) -> list[str]:
+    """Missing, different or stray objects of one artifact (an endpoint's, or a quantization
+    candidate's); ``fix`` is what each problem tells to run (default: make publish).
+    ``check_stray`` False checks only the listed files (part of a prefix)."""
     artifact = listing.artifact
-    publish = f"make publish ENV={environment}"
+    publish = fix or f"make publish ENV={environment}"
     root = f"s3://{bucket}"
     try:
         manifest = parse_listing_manifest(listing, bucket)
@@ -159,7 +162,7 @@ def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn:
         elif head.encryption != "aws:kms" or not _same_key(head.kms_key_id, project_key_arn):
             problems.append(f"{root}/{key}: not encrypted with the project key, the only key "
                             f"the model role may decrypt: run {publish}")
-    if artifact.is_prefix:
+    if artifact.is_prefix and check_stray:
         listed = {artifact.key(relative) for relative in manifest.files}
         listed.add(artifact.manifest_key)
         problems += [f"{root}/{key}: not in {artifact.manifest_key}, but SageMaker copies "
