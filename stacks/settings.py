@@ -1262,9 +1262,7 @@ def load_settings(name: str, *, config_dir: Path = CONFIG_DIR) -> EnvironmentSet
     path = config_dir / f"{name}.yaml"
     source = _display_path(path)
     if not path.is_file():
-        available = sorted(
-            p.stem for p in config_dir.glob("*.yaml") if p.stem != "release_calendar"
-        )
+        available = available_environments(config_dir)
         raise SettingsError(
             f"{source}: no such environment file; available environments: {', '.join(available)}"
         )
@@ -1280,6 +1278,11 @@ def load_settings(name: str, *, config_dir: Path = CONFIG_DIR) -> EnvironmentSet
             f"{source}: name: {settings.name!r} is not accepted: must equal the file name {name!r}"
         )
     return settings
+
+
+def available_environments(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The environments ``config_dir`` defines: every ``<name>.yaml`` but the release calendar."""
+    return sorted(p.stem for p in config_dir.glob("*.yaml") if p.stem != "release_calendar")
 
 
 def load_environments(
