@@ -17,12 +17,16 @@ BASE ?= origin/main
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := 1
+# Images SageMaker accepts: no provenance attestation, whose OCI index CreateModel refuses
+# (Docker's "Build variables"; tools/image_check.py checks every pushed image).
+export BUILDX_NO_DEFAULT_ATTESTATIONS := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 # The CDK Stage of ENV (config/<env>.yaml's stage_name), for `cdk deploy "<Stage>/<Stack>"`.
 STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)'
 PREFLIGHT ?= $(PY) -m tools.preflight
+IMAGE_CHECK ?= $(PY) -m tools.image_check
 DEPLOY_ARGS ?=
 
 .PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
@@ -126,10 +130,14 @@ preflight: synth ## is the account ready for the Serving stack? bootstrap, accou
 	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
 
 # An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
-# stops here until `make publish` has uploaded the artifacts), then the Serving stack.
-deploy: synth ## deploy one environment: Foundation, preflight, Serving (make deploy ENV=prod; AWS credentials)
+# stops here until `make publish` has uploaded the artifacts), the Serving stack's images
+# (built one at a time: a runner's disk holds one vLLM build, not three in parallel) and their
+# check (a manifest SageMaker takes), then the Serving stack.
+deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials)
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
 	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
+	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --app cdk.out --exclusively --concurrency 1 "$$stage/Serving"
+	$(IMAGE_CHECK) --env $(ENV) --assembly cdk.out
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
 
 smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod

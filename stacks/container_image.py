@@ -99,6 +99,10 @@ def acknowledge_project_key_log_group(log_group: logs.LogGroup) -> None:
         unreadable_value="KmsKeyId: Fn::GetStackOutput")
 
 
+IMAGE_OUTPUTS: tuple[str, ...] = ("type=docker",)
+"""``docker build --output`` of every image asset (see :func:`repo_image_asset`)."""
+
+
 def repo_image_asset(
     scope: Construct,
     id_: str,
@@ -107,7 +111,15 @@ def repo_image_asset(
     sources: Sequence[str],
     build_args: dict[str, str] | None = None,
 ) -> ecr_assets.DockerImageAsset:
-    """A linux/amd64 image built from ``dockerfile`` with only ``sources`` in its context."""
+    """A linux/amd64 image built from ``dockerfile`` with only ``sources`` in its context.
+
+    Built with ``--output type=docker``: Docker's exporter writes Docker media types
+    (``oci-mediatypes`` is false for it), so the pushed manifest is a Docker image manifest v2,
+    schema 2 — the only kind SageMaker CreateModel takes (tools/image_check.py, which checks it
+    after ``cdk publish-assets``). ``make deploy`` also sets ``BUILDX_NO_DEFAULT_ATTESTATIONS=1``
+    (Docker's "Build variables": "Turn off default provenance attestations"), without which
+    buildx pushes an OCI index carrying a provenance attestation.
+    """
     if not any(dockerfile.startswith(f"{source}/") for source in sources):
         raise ValueError(f"{dockerfile} must lie inside one of the image sources {list(sources)}")
     return ecr_assets.DockerImageAsset(
@@ -119,4 +131,5 @@ def repo_image_asset(
         exclude=repo_asset_excludes(sources),
         ignore_mode=cdk.IgnoreMode.DOCKER,
         build_args=build_args,
+        outputs=list(IMAGE_OUTPUTS),
     )
