@@ -27,6 +27,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)'
 PREFLIGHT ?= $(PY) -m tools.preflight
 IMAGE_CHECK ?= $(PY) -m tools.image_check
+INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
 .PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
@@ -132,12 +133,14 @@ preflight: synth ## is the account ready for the Serving stack? bootstrap, accou
 # An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
 # stops here until `make publish` has uploaded the artifacts), the Serving stack's images
 # (built one at a time: a runner's disk holds one vLLM build, not three in parallel) and their
-# check (a manifest SageMaker takes), then the Serving stack.
+# check (a manifest SageMaker takes), an instance-type change's deregistration (SageMaker refuses
+# it while the variant is a scalable target), then the Serving stack.
 deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials)
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
 	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
 	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --app cdk.out --exclusively --concurrency 1 "$$stage/Serving"
 	$(IMAGE_CHECK) --env $(ENV) --assembly cdk.out
+	$(INSTANCE_SWITCH) --env $(ENV)
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
 
 smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod

@@ -78,7 +78,7 @@ class ModelTier:
             scope, f"{prefix}Scaling", endpoint=self.endpoint.sagemaker_endpoint,
             endpoint_name=endpoint_name, variant_name=variant_name, settings=scaling,
             fleet=fleet, scheduled_actions=scheduled_actions,
-            capacity_metadata=capacity_metadata)
+            capacity_metadata=capacity_metadata, instance_type=instance_type)
         # Alarms on what only exists once the variant is registered (the scaling-limits
         # Lambda's metric) are created after its scalable target, so they start evaluating
         # when there can be data.

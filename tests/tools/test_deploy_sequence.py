@@ -49,14 +49,15 @@ def stand_in(tmp_path: Path, name: str, log: Path, *, exit_code: int = 0) -> Pat
     return script
 
 
-def test_foundation_preflight_images_and_their_check_then_serving(
+def test_foundation_preflight_images_their_check_an_instance_switch_then_serving(
         fake_cdk: tuple[Path, Path], tmp_path: Path) -> None:
     """The images are published before the Serving stack (``cdk publish-assets``, one build at a
     time, without Docker's default provenance attestations) and checked: CloudFormation would
     only learn at CreateModel that SageMaker refuses their manifest."""
     cdk, log = fake_cdk
     result = make_deploy(cdk, log, f"PREFLIGHT={stand_in(tmp_path, 'preflight', log)}",
-                         f"IMAGE_CHECK={stand_in(tmp_path, 'image-check', log)}")
+                         f"IMAGE_CHECK={stand_in(tmp_path, 'image-check', log)}",
+                         f"INSTANCE_SWITCH={stand_in(tmp_path, 'instance-switch', log)}")
     assert result.returncode == 0, result.stderr
     assert calls(log) == [
         "cdk deploy --app cdk.out Prod/Foundation [attestations off: 1]",
@@ -64,6 +65,7 @@ def test_foundation_preflight_images_and_their_check_then_serving(
         "cdk publish-assets --app cdk.out --exclusively --concurrency 1 Prod/Serving "
         "[attestations off: 1]",
         "image-check --env prod --assembly cdk.out",
+        "instance-switch --env prod",
         "cdk deploy --app cdk.out --exclusively Prod/Serving [attestations off: 1]",
     ]
 
