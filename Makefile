@@ -25,6 +25,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 # The CDK Stage of ENV (config/<env>.yaml's stage_name), for `cdk deploy "<Stage>/<Stack>"`.
 STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)'
+ASSEMBLY ?= cdk.out
 PREFLIGHT ?= $(PY) -m tools.preflight
 IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
@@ -128,7 +129,7 @@ publish: setup ## check, then upload model artifacts: make publish ENV=prod MODE
 	$(PY) -m tools.publish --env $(ENV) $(if $(MODEL),--model "$(MODEL)") $(if $(ADAPTERS),--adapters "$(ADAPTERS)") $(if $(INTENT),--intent "$(INTENT)") $(if $(KMS_KEY_ARN),--kms-key-arn "$(KMS_KEY_ARN)")
 
 preflight: synth ## is the account ready for the Serving stack? bootstrap, account, artifacts, quotas
-	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
+	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
 
 # An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
 # stops here until `make publish` has uploaded the artifacts), the Serving stack's images
@@ -136,12 +137,12 @@ preflight: synth ## is the account ready for the Serving stack? bootstrap, accou
 # check (a manifest SageMaker takes), an instance-type change's deregistration (SageMaker refuses
 # it while the variant is a scalable target), then the Serving stack.
 deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials)
-	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
-	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
-	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --app cdk.out --exclusively --concurrency 1 "$$stage/Serving"
-	$(IMAGE_CHECK) --env $(ENV) --assembly cdk.out
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app $(ASSEMBLY) "$$stage/Foundation" $(DEPLOY_ARGS)
+	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1 "$$stage/Serving"
+	$(IMAGE_CHECK) --env $(ENV) --assembly $(ASSEMBLY)
 	$(INSTANCE_SWITCH) --env $(ENV)
-	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app $(ASSEMBLY) --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
 
 smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod
 	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)

@@ -62,7 +62,8 @@ def test_foundation_preflight_images_their_check_an_instance_switch_then_serving
     assert calls(log) == [
         "cdk deploy --app cdk.out Prod/Foundation [attestations off: 1]",
         "preflight --env prod --assembly cdk.out",
-        "cdk publish-assets --app cdk.out --exclusively --concurrency 1 Prod/Serving "
+        "cdk publish-assets --unstable=publish-assets --app cdk.out --exclusively --concurrency 1 "
+        "Prod/Serving "
         "[attestations off: 1]",
         "image-check --env prod --assembly cdk.out",
         "instance-switch --env prod",

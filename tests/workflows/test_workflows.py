@@ -176,7 +176,8 @@ def test_the_deploy_job_makes_room_for_the_images_before_it_builds_them() -> Non
     assert step["run"] == 'scripts/free-runner-disk.sh "$IMAGE_BUILD_DISK_GB"'
     assert int(step["env"]["IMAGE_BUILD_DISK_GB"]) >= 40
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "publish-assets --app cdk.out --exclusively --concurrency 1" in makefile
+    assert "publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1" \
+        in makefile
 
 
 def run_free_disk(tmp_path: Path, required: str, paths: list[Path]
