@@ -12,6 +12,9 @@ VLLM_VENV := .venv-vllm
 CHECKOV_VENV := .venv-checkov
 SM_VENV := .venv-sagemaker
 CDK := node_modules/.bin/cdk
+# Not in the CLI's environment: its option parser reads CDK* variables ("Unknown option(s): --"
+# when `make ... CDK=<path>` exports one).
+unexport CDK
 ENV ?= dev
 BASE ?= origin/main
 
