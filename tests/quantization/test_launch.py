@@ -24,7 +24,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -344,24 +343,36 @@ def test_a_volume_key_on_g5_is_what_sagemaker_refuses(aws: SimulatedQuantizeJob)
             StoppingCondition={"MaxRuntimeInSeconds": 600})
 
 
-def promote_on_server(aws: SimulatedQuantizeJob, run_id: str, config: Path
-                      ) -> subprocess.CompletedProcess[str]:
+def make_on_server(aws: SimulatedQuantizeJob, *args: str, config: Path | None = None
+                   ) -> subprocess.CompletedProcess[str]:
+    """A make target of the README, against the moto server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update({"AWS_ENDPOINT_URL": aws.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "MANGAASSIST_CONFIG_DIR": str(config)})
-    return subprocess.run([sys.executable, "-m", "tools.promote", "--env", "prod", "--run", run_id],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+                "AWS_SECRET_ACCESS_KEY": "testing"})
+    if config is not None:
+        env["MANGAASSIST_CONFIG_DIR"] = str(config)
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+def promote_on_server(aws: SimulatedQuantizeJob, run_id: str, config: Path
+                      ) -> subprocess.CompletedProcess[str]:
+    return make_on_server(aws, "promote", "ENV=prod", f"RUN={run_id}", config=config)
 
 
 def test_a_passing_run_is_promoted_to_a_new_prefix_the_preflight_accepts(
     aws: SimulatedQuantizeJob, eval_items: list[EvalItem], catalog: TitleCatalog,
     tmp_path: Path,
 ) -> None:
-    """make quantize, then make promote, on the moto server: the candidate and the served
-    adapters under one manifest at the new llm.model.artifact_prefix."""
+    """make quantize (ml.g5.4xlarge), then make promote, on the moto server: the candidate and
+    the served adapters under one manifest at the new llm.model.artifact_prefix."""
     use_gate(aws, gate(eval_items, catalog, good_answer))
-    assert launch(aws, "--base-model-prefix", BASE_PREFIX).returncode == 0
+    sagemaker_python()  # make quantize runs in .venv-sagemaker
+    quantized = make_on_server(aws, "quantize", "ENV=prod", f"BASE_MODEL={BASE_PREFIX}",
+                               "QUANTIZE_FLAGS=--poll-s 0")
+    assert quantized.returncode == 0, quantized.stdout[-2000:] + quantized.stderr[-2000:]
+    assert aws.requests[-1]["ResourceConfig"]["InstanceType"] == "ml.g5.4xlarge"
+    assert "VolumeKmsKeyId" not in aws.requests[-1]["ResourceConfig"]
     run_id = aws.requests[-1]["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
     config = tmp_path / "config"
     config.mkdir()
