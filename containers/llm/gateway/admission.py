@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -41,9 +42,9 @@ from gateway.forecast import (
     DEFAULT_PRIOR,
     NEVER,
     DispatchRules,
+    FirstTokenModel,
     InFlight,
     OutputLengths,
-    PrefillModel,
     Queued,
     StepModel,
     StepPrior,
@@ -204,7 +205,8 @@ class _Ticket:
     """The replay's own forecast (before calibration)."""
     future: asyncio.Future[KvReservation] | None = None
     dispatched_at: float | None = None
-    others_prefilling: int = 0
+    prefill_ahead: int = 0
+    """Prompt tokens of requests dispatched before it and still without a first token."""
     first_token_at: float | None = None
     last_token_at: float | None = None
     produced: int = 0
@@ -215,19 +217,20 @@ class _Ticket:
 class ForecastStats:
     """How the forecasts compared with the first tokens that followed.
 
-    The 90th percentile of actual ÷ forecast (over the last ``window`` first tokens of requests
-    forecast to wait at least ``min_forecast_s``: below that, fixed costs dominate the ratio)
-    calibrates later forecasts: when the engine runs slower than learned (a noisy neighbour,
-    longer prompts), admission tightens before the SLO is missed twice.
+    The median of actual ÷ forecast (over the last first tokens of requests forecast to wait at
+    least ``min_forecast_s``: below that, fixed costs such as parsing and tokenizing under load
+    dominate the ratio) calibrates later forecasts when it is above 1: when the engine runs slower
+    than the models learned (a noisy neighbour, longer prompts), admission tightens. It corrects
+    a bias, not the noise around it (a 90th percentile would turn noise into refusals), and a
+    short window lets a correction that is no longer needed age out.
     """
 
     samples: int = 0
     late: int = 0
     """First tokens that came after the SLO although the forecast said they would not."""
-    window: int = 256
-    min_forecast_s: float = 0.05
-    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    _p90: float | None = None
+    min_forecast_s: float = 0.25
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=48))
+    _median: float | None = None
     _stale: bool = False
 
     def observe(self, actual_s: float, forecast_s: float, slo_s: float) -> None:
@@ -238,17 +241,16 @@ class ForecastStats:
             self.ratios.append(actual_s / forecast_s)
             self._stale = True
 
-    def ratio_p90(self) -> float | None:
-        """90th percentile of actual ÷ forecast time to first token."""
+    def ratio_median(self) -> float | None:
+        """Median of actual ÷ forecast time to first token (None before any)."""
         if self._stale:
-            ordered = sorted(self.ratios)
-            self._p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+            self._median = statistics.median(self.ratios) if self.ratios else None
             self._stale = False
-        return self._p90
+        return self._median
 
     def calibration(self) -> float:
-        """What forecasts are multiplied by: the 90th percentile ratio, between 1 and 4."""
-        ratio = self.ratio_p90()
+        """What forecasts are multiplied by: the median ratio, between 1 and 4."""
+        ratio = self.ratio_median()
         return 1.0 if ratio is None else min(4.0, max(1.0, ratio))
 
 
@@ -263,7 +265,7 @@ class AdmissionController:
         self.max_running = max_running
         self.clock = clock
         self.steps = StepModel(prior)
-        self.prefill = PrefillModel(prior)
+        self.first_token = FirstTokenModel(prior)
         self.lengths = OutputLengths()
         self.forecasts = ForecastStats()
         self._ids = itertools.count(1)
@@ -294,7 +296,7 @@ class AdmissionController:
                     limit_tokens=self.ledger.limit_blocks * self.ledger.capacity.block_size,
                     max_running=self.max_running,
                     bucket_caps=self.ledger.bucket_caps),
-                step_s=self.steps.step_s, prefill_s=self.prefill.seconds)
+                step_s=self.steps.step_s, first_token_s=self.first_token.seconds)
             # Judged against the raw replay (ForecastStats.observe), so the calibration settles
             # at the replay's real error instead of chasing its own correction.
             ticket.forecast_ttft_s = ticket.raw_forecast_s * self.forecasts.calibration()
@@ -304,9 +306,9 @@ class AdmissionController:
         block = self.ledger.capacity.block_size
         return InFlight(tokens=self.ledger.blocks_for(ticket.tokens) * block,
                         remaining_output=max(1, ticket.expected_output - ticket.produced),
+                        bucket=ticket.request.bucket,
                         prefill_tokens=(ticket.request.prompt_tokens
-                                        if ticket.first_token_at is None else 0),
-                        bucket=ticket.request.bucket)
+                                        if ticket.first_token_at is None else 0))
 
     def _queued(self, ticket: _Ticket) -> Queued:
         block = self.ledger.capacity.block_size
@@ -375,8 +377,8 @@ class AdmissionController:
             reservation = KvReservation(reservation.bucket, reservation.tokens,
                                         reservation.blocks, ticket.id, ticket.forecast_ttft_s)
             ticket.dispatched_at = self.clock()
-            ticket.others_prefilling = sum(1 for t in self._running.values()
-                                           if t.first_token_at is None)
+            ticket.prefill_ahead = sum(t.request.prompt_tokens for t in self._running.values()
+                                       if t.first_token_at is None)
             self._running[ticket.id] = ticket
             ticket.future.set_result(reservation)
 
@@ -398,6 +400,7 @@ class AdmissionController:
             ticket.first_token_at = now
             self._first_token(ticket, now)
         elif ticket.last_token_at is not None:
+            # The pace as it streams (a burst's first wave teaches the model within steps).
             self.steps.observe(len(self._running), (now - ticket.last_token_at) / tokens, tokens)
         ticket.last_token_at = now
         ticket.produced += tokens
@@ -406,9 +409,10 @@ class AdmissionController:
         if ticket.arrived_at > 0:
             self.forecasts.observe(now - ticket.arrived_at, ticket.raw_forecast_s,
                                    self.ttft_slo_s)
-        if ticket.others_prefilling == 0 and ticket.dispatched_at is not None:
-            alone = now - ticket.dispatched_at - self.steps.step_s(len(self._running))
-            self.prefill.observe(ticket.request.prompt_tokens - ticket.cached_tokens, alone)
+        if ticket.dispatched_at is not None:
+            own = ticket.request.prompt_tokens - ticket.cached_tokens
+            self.first_token.observe(ticket.prefill_ahead + own, now - ticket.dispatched_at)
+
 
     def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
                 capped: bool = False) -> None:

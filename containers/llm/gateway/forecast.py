@@ -2,26 +2,31 @@
 
 Admission refuses a request at once, and only when its first token would miss the TTFT SLO
 (docs/design-decisions.md#ttft-admission). To know that, the gateway replays its own dispatch
-forward in time: the requests running on the engine decode one token per engine step each, a
-step takes longer the more sequences run, each finished request returns its KV reservation, and
-the queue is served first come, first served as reservations fit (the same rule
+forward in time: the requests running on the engine each emit a token per step, a step takes
+longer the more sequences run, each finished request returns its KV reservation, and the queue
+is served first come, first served as reservations fit (the same rule
 :class:`gateway.admission.AdmissionController` dispatches by). The new request's first token
-comes when it has been dispatched and prefilled.
+comes after its own dispatch and its time from dispatch to first token.
 
-What the replay needs is learned from the engine's own behaviour, never assumed per GPU:
+Both times are what the gateway itself observes of the engine, under whatever load there is,
+never a per-GPU assumption (on a shared CPU, separate prefill and decode rates measured at idle
+were off by 1.6× under a burst: the engine batches prefills into the decode steps):
 
-* :class:`StepModel` — seconds per engine step as ``a + b × running sequences``, an
-  exponentially weighted least-squares fit of the inter-token times the gateway observes on every
-  stream (with a weak prior that only matters before the first observations; warmup runs a
-  concurrent batch so both ``a`` and ``b`` are measured before /ping turns green);
-* :class:`PrefillModel` — prompt tokens per second, from first tokens of requests that were the
-  only prefill in flight;
+* :class:`StepModel` — seconds per output token of one sequence as ``a + b × running
+  sequences``: the time between two deltas of a stream per token they carry (prefills batched
+  into that step included), against the sequences running then, fitted by exponentially
+  weighted least squares (a weak prior keeps the fit defined until warmup's sequential and
+  concurrent requests have measured both ``a`` and ``b``);
+* :class:`FirstTokenModel` — seconds from dispatch to first token as ``c + d × prompt tokens
+  still to prefill``, its own uncached ones and those of every request dispatched before it that
+  has not had its first token (the engine prefills them one after another), fitted the same way
+  on every request;
 * :class:`OutputLengths` — how many tokens answers really take: the 90th percentile of recent
   completions, capped by each request's ``max_tokens``.
 
-The replay ignores what it cannot know (an answer that ends early frees room sooner; the engine's
-internal order may differ), so its error is measured: admission compares forecasts with the first
-tokens that followed and reports both.
+What the replay cannot know (an answer that ends early, the engine's internal order) is measured
+instead: admission compares forecasts with the first tokens that followed, reports both and
+calibrates later forecasts by the error (:class:`gateway.admission.ForecastStats`).
 
 Pure module: standard library only.
 """
@@ -43,30 +48,35 @@ class StepPrior:
     """What the models assume before they have observed anything (replaced by observations)."""
 
     step_s: float = 0.03
-    """Seconds per engine step with one sequence running."""
+    """Seconds per output token with one sequence running."""
     step_s_per_sequence: float = 0.002
-    """Extra seconds per step for each further running sequence."""
+    """Extra seconds per output token for each further running sequence."""
+    first_token_s: float = 0.05
+    """Seconds from dispatch to the first token of a short prompt."""
     prefill_tokens_per_s: float = 2000.0
+    """Uncached prompt tokens per second the first token waits for."""
 
 
 DEFAULT_PRIOR = StepPrior()
 
-class StepModel:
-    """Seconds per engine step (one token for every running sequence) as ``a + b × running``.
 
-    Exponentially weighted least squares over ``(running, seconds per token)`` observations,
-    started from two pseudo-observations on the prior's line (at 1 and 16 running sequences)
-    that fade like old observations do. While the observed batch sizes hardly vary, the slope is
-    the prior's and only the level is fitted.
+class LineModel:
+    """``y = a + b × x``, fitted by exponentially weighted least squares.
+
+    Starts from two pseudo-observations on a prior line (at ``x_low`` and ``x_high``) that fade
+    as old observations do. While the observed ``x`` hardly vary, the slope stays the prior's
+    and only the level is fitted.
     """
 
-    def __init__(self, prior: StepPrior = DEFAULT_PRIOR, *, half_life: float = 2000.0,
-                 prior_weight: float = 1.0) -> None:
+    def __init__(self, intercept: float, slope: float, *, x_low: float, x_high: float,
+                 half_life: float = 500.0, prior_weight: float = 1.0,
+                 min_spread: float = 0.5) -> None:
         self._decay = 0.5 ** (1.0 / half_life)
-        self._prior_slope = prior.step_s_per_sequence
+        self._prior_slope = slope
+        self._min_variance = min_spread * min_spread
         self._sums = [0.0] * 5  # weight, Σx, Σy, Σxx, Σxy
-        for x in (1.0, 16.0):
-            self._add(x, prior.step_s + prior.step_s_per_sequence * (x - 1.0), prior_weight)
+        for x in (x_low, x_high):
+            self._add(x, intercept + slope * x, prior_weight)
         self.observations = 0
         self._cached: tuple[float, float] | None = None
 
@@ -78,55 +88,60 @@ class StepModel:
         sums[3] += weight * x * x
         sums[4] += weight * x * y
 
-    def observe(self, running: int, seconds_per_token: float, tokens: int = 1) -> None:
-        """One stream delta: ``tokens`` tokens at ``seconds_per_token`` each, ``running`` live."""
-        if running < 1 or tokens < 1 or not 0.0 < seconds_per_token < 60.0:
+    def observe(self, x: float, y: float, weight: float = 1.0) -> None:
+        """One observation of ``y`` at ``x``, counted ``weight`` times."""
+        if weight <= 0 or not (math.isfinite(x) and math.isfinite(y)):
             return
-        decay = self._decay ** tokens
+        decay = self._decay ** weight
         self._sums = [value * decay for value in self._sums]
-        self._add(float(running), seconds_per_token, float(tokens))
+        self._add(x, y, weight)
         self.observations += 1
         self._cached = None
 
     def line(self) -> tuple[float, float]:
-        """(a, b): the fitted intercept at zero running sequences and the slope per sequence."""
+        """(a, b)."""
         if self._cached is None:
             w, sx, sy, sxx, sxy = self._sums
             mean_x, mean_y = sx / w, sy / w
             variance_x = sxx / w - mean_x * mean_x
-            if variance_x < 0.25:  # batch sizes within about half a sequence of each other
+            if variance_x < self._min_variance:
                 slope = self._prior_slope
             else:
                 slope = max(0.0, (sxy / w - mean_x * mean_y) / variance_x)
             self._cached = (mean_y - slope * mean_x, slope)
         return self._cached
 
-    def step_s(self, running: float) -> float:
-        """Forecast seconds per step with ``running`` sequences (never below 0.1 ms)."""
+    def at(self, x: float) -> float:
+        """The line's value at ``x`` (never below 0.1 ms)."""
         intercept, slope = self.line()
-        return max(1e-4, intercept + slope * max(1.0, running))
+        return max(1e-4, intercept + slope * x)
 
 
-class PrefillModel:
-    """Prompt tokens the engine prefills per second (exponentially weighted)."""
+class StepModel(LineModel):
+    """Seconds per output token of one sequence with ``running`` sequences (see the module
+    docstring): ``a + b × running``."""
 
-    def __init__(self, prior: StepPrior = DEFAULT_PRIOR, *, weight: float = 0.2) -> None:
-        self.tokens_per_s = prior.prefill_tokens_per_s
-        self._weight = weight
-        self.observations = 0
+    def __init__(self, prior: StepPrior = DEFAULT_PRIOR, *, half_life: float = 500.0) -> None:
+        super().__init__(prior.step_s - prior.step_s_per_sequence, prior.step_s_per_sequence,
+                         x_low=1.0, x_high=16.0, half_life=half_life)
 
-    def observe(self, prompt_tokens: int, seconds: float) -> None:
-        """A prefill of ``prompt_tokens`` uncached tokens that took ``seconds`` alone."""
-        if prompt_tokens < 16 or seconds <= 0:
-            return  # too small to tell the rate from the step's fixed cost
-        rate = prompt_tokens / seconds
-        weight = 1.0 if self.observations == 0 else self._weight
-        self.tokens_per_s += weight * (rate - self.tokens_per_s)
-        self.observations += 1
+    def step_s(self, running: float) -> float:
+        """Forecast seconds per output token with ``running`` sequences."""
+        return self.at(max(1.0, running))
+
+
+class FirstTokenModel(LineModel):
+    """Seconds from dispatch to the first token: ``c + d × prompt tokens to prefill first`` (its
+    own uncached ones and those ahead of it, see the module docstring)."""
+
+    def __init__(self, prior: StepPrior = DEFAULT_PRIOR, *, half_life: float = 200.0) -> None:
+        super().__init__(prior.first_token_s, 1.0 / prior.prefill_tokens_per_s, x_low=0.0,
+                         x_high=2048.0, half_life=half_life, min_spread=64.0)
 
     def seconds(self, prompt_tokens: float) -> float:
-        """Forecast seconds to prefill ``prompt_tokens``."""
-        return max(0.0, prompt_tokens) / self.tokens_per_s
+        """Forecast seconds from dispatch to the first token with ``prompt_tokens`` to prefill
+        (its own and those ahead of it)."""
+        return self.at(max(0.0, prompt_tokens))
 
 
 class OutputLengths:
@@ -178,9 +193,9 @@ class InFlight:
     """KV tokens its reservation holds."""
     remaining_output: float
     """Tokens it is still expected to generate."""
-    prefill_tokens: int
-    """Prompt tokens still to prefill (0 once its first token came)."""
     bucket: Hashable
+    prefill_tokens: int = 0
+    """Prompt tokens still to prefill (0 once its first token came)."""
 
 
 @dataclass(frozen=True)
@@ -204,12 +219,14 @@ class DispatchRules:
 
 def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], new: Queued, *,
                      rules: DispatchRules, step_s: Callable[[float], float],
-                     prefill_s: Callable[[float], float]) -> float:
+                     first_token_s: Callable[[float], float]) -> float:
     """Seconds from now until ``new``'s first token, if it joins the back of the queue.
 
     Replays first-come-first-served dispatch (a request blocked only by its bucket's cap lets
-    the ones behind it pass, as the controller does) while the running requests decode at
-    ``step_s(running)`` seconds per token; prefills run one after another on the engine.
+    the ones behind it pass, as the controller does) while the running requests emit a token
+    every ``step_s(running)`` seconds (a pace measured with the engine's prefills in it); a
+    dispatched request's first token comes ``first_token_s(tokens)`` after its dispatch, where
+    ``tokens`` are its prompt's and those still being prefilled ahead of it.
     ``NEVER`` when ``new`` cannot fit even an empty pool.
     """
     if new.tokens > rules.limit_tokens:
@@ -217,14 +234,17 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
     heap: list[tuple[float, int, int, Hashable]] = []
     used = 0
     running_in: dict[Hashable, int] = {}
-    prefill_done_at = 0.0
+    prefilling: list[tuple[float, int]] = []  # (first token at, its prompt tokens)
+    now = decoded = 0.0
     for order, flight in enumerate(in_flight):
         heapq.heappush(heap, (flight.remaining_output, order, flight.tokens, flight.bucket))
         used += flight.tokens
         running_in[flight.bucket] = running_in.get(flight.bucket, 0) + 1
-        prefill_done_at += prefill_s(flight.prefill_tokens)
+        if flight.prefill_tokens:
+            ahead = sum(tokens for _, tokens in prefilling)
+            prefilling.append((first_token_s(ahead + flight.prefill_tokens),
+                               flight.prefill_tokens))
     waiting = [*queued, new]
-    now = decoded = 0.0
     order = len(heap)
     while True:
         index = 0
@@ -236,9 +256,11 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
                 index += 1  # waits for its bucket; those behind it may go
                 continue
             del waiting[index]
-            prefill_done_at = max(prefill_done_at, now) + prefill_s(item.prompt_tokens)
+            ahead = sum(tokens for at, tokens in prefilling if at > now)
+            first_at = now + first_token_s(ahead + item.prompt_tokens)
             if item is new:
-                return prefill_done_at + step_s(len(heap) + 1)
+                return first_at
+            prefilling.append((first_at, item.prompt_tokens))
             used += item.tokens
             running_in[item.bucket] = running_in.get(item.bucket, 0) + 1
             order += 1

@@ -192,13 +192,15 @@ class GatewayLifecycle:
         """What admission has learned of the engine (on the gauge line, for operators)."""
         admission = self.admission
         intercept, slope = admission.steps.line()
-        ratio = admission.forecasts.ratio_p90()
+        first, per_token = admission.first_token.line()
+        ratio = admission.forecasts.ratio_median()
         return {
             "step_ms_at_1": round(1000 * (intercept + slope), 3),
             "step_ms_per_sequence": round(1000 * slope, 4),
-            "prefill_tokens_per_s": round(admission.prefill.tokens_per_s),
+            "first_token_ms": round(1000 * first, 3),
+            "first_token_ms_per_1k_prompt_tokens": round(1_000_000 * per_token, 3),
             "typical_answer_tokens": admission.lengths.typical(),
-            "forecast_ttft_ratio_p90": None if ratio is None else round(ratio, 3),
+            "forecast_ttft_ratio_median": None if ratio is None else round(ratio, 3),
             "forecasts_late": admission.forecasts.late,
         }
 
