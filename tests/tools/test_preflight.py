@@ -240,7 +240,7 @@ def test_the_required_version_is_read_from_the_templates(synthesized: Any) -> No
 
 def test_quota_needs_of_production() -> None:
     needs = {need.quota_name: need.instances for need in quota_needs(load_settings("prod"))}
-    assert needs == {"ml.g5.xlarge for endpoint usage": 40,     # max 20, twice
+    assert needs == {"ml.g5.xlarge for endpoint usage": 60,     # max 30, twice
                      "ml.inf1.xlarge for endpoint usage": 16}   # max 8, twice
 
 
