@@ -5,6 +5,7 @@ object the stacks get) and prints what :func:`capacity_model.llm_capacity` deriv
 0 fine, 2 a bad argument or configuration (one line per problem).
 
     python -m capacity_model plan --env prod
+    python -m capacity_model pools --env prod
     python -m capacity_model estimate --env prod --prompt-tokens 900 --output-tokens 190 \
         --kv-cache-dtype fp8_e5m2 --write
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from capacity_model.decode_speed import DecodeSpeedTable, DecodeTableError, parse_decode_table
 from capacity_model.rates import SCENARIOS
-from capacity_model.report import format_capacity
+from capacity_model.report import format_capacity, format_pools
 from capacity_model.roofline import RooflineInputs, estimate_profile
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print an environment's LLM capacity plan")
     plan.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pools = sub.add_parser("pools", help="seed 002's long/short pools against one pool, priced")
+    pools.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
+    pools.add_argument("--faster", default="ml.g6e.xlarge",
+                       help="the larger GPU instance an option moves pools to (default: "
+                       "%(default)s)")
     estimate = sub.add_parser(
         "estimate", help="estimate a decode profile (roofline) for an environment's GPU and model")
     estimate.add_argument("--env", required=True)
@@ -104,6 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in str(error).splitlines():
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return 2
+    if args.command == "pools":
+        from capacity_model.pools import evaluate_pools, seed_002_options
+
+        capacity = settings.capacity_plan()
+        options = evaluate_pools(capacity, settings.memory_plan, settings.decode_speed_table(),
+                                 seed_002_options(settings.instance_type, args.faster))
+        print(format_pools(options))
+        return 0
     if args.command == "plan":
         capacity = settings.capacity_plan()
         if args.json:

@@ -29,7 +29,14 @@ from typing import Any
 
 from capacity_model.conversations import ConversationOption, conversation_options
 from capacity_model.decode_speed import DecodeProfile, DecodeSpeedTable, DecodeTableError
-from capacity_model.demand import ContextWindow, Conversation, RequestMix
+from capacity_model.demand import (
+    BucketDemand,
+    ContextWindow,
+    Conversation,
+    DemandError,
+    RequestMix,
+    request_mix,
+)
 from capacity_model.fleet import (
     DailyProfile,
     FleetPlan,
@@ -56,10 +63,14 @@ from capacity_model.prefix_reuse import (
 )
 from capacity_model.rates import GpuRates, Scenario
 from capacity_model.sessions import (
+    PinningSpread,
+    ScaleEffects,
     affinity_share,
     hold_seconds,
+    pinning_spread,
     recommended_ttl_s,
     retention_share,
+    scale_effects,
 )
 from gpu_budget import MemoryPlan
 
@@ -115,6 +126,32 @@ class ConversationReuse:
 
 
 @dataclass(frozen=True)
+class ConversationLoad:
+    """The configured long conversation as the whole load of one instance: its turns in flight
+    within the SLOs, and how many open conversations that is."""
+
+    mean_prompt_tokens: float
+    mean_cached_tokens: float
+    in_flight_kv: int
+    """What the gateway's admission lets the KV pool hold (prompt + ``max_tokens`` each)."""
+    capacity: InstanceCapacity
+    """One instance serving nothing but these turns (the TTFT SLO over all of them)."""
+    think_time_s: float
+
+    @property
+    def in_flight(self) -> int:
+        """Turns in flight within the SLOs and the pool."""
+        return self.capacity.concurrency
+
+    @property
+    def open_conversations(self) -> float:
+        """Conversations one instance keeps going at that load: each has a turn in flight a
+        share request ÷ (request + think time) of the time."""
+        request = self.capacity.request_seconds
+        return self.in_flight * (request + self.think_time_s) / request
+
+
+@dataclass(frozen=True)
 class LlmCapacity:
     """One LLM endpoint's capacity plan and the inputs it was derived from."""
 
@@ -134,6 +171,7 @@ class LlmCapacity:
     conversation_reuse: ConversationReuse
     reuse_inputs: ReuseInputs
     rates: GpuRates | None
+    conversation_load: ConversationLoad | None = None
 
     def fleet_for(self, surge: Surge, *, provisioning_s: int | None = None) -> FleetPlan:
         """The fleet plan that absorbs ``surge`` unaided (its recommended headroom), with new
@@ -156,6 +194,27 @@ class LlmCapacity:
             "GATEWAY_CONTEXT_SPLIT": self.window.as_env(),
             "GATEWAY_CONTEXT_STEP_TURNS": str(self.window.step_turns),
         }
+
+    def session_effects(self) -> tuple[PinningSpread, ScaleEffects]:
+        """What pinning conversations does at this plan's target: the load spread across the
+        business-hours fleet, and the scale-out drain and scale-in re-prefill."""
+        instance, fleet = self.instance, self.fleet
+        request = instance.request_seconds
+        active = request / (request + self.reuse_inputs.think_time_s)
+        target = fleet.target_concurrent_requests_per_model or instance.concurrency / (
+            1 + fleet.headroom)
+        spread = pinning_spread(target_concurrency=target,
+                                sustainable_concurrency=instance.concurrency,
+                                active_share=active,
+                                instances=fleet.business_hours.min_capacity)
+        history = max((b.cached_tokens for b in instance.bucket_latency), default=0.0)
+        prefill = (self.rates.prefill_tokens_per_s(self.reuse_inputs.scenario)
+                   * self.reuse_inputs.prefill_factor if self.rates else 1.0)
+        effects = scale_effects(ttl_s=self.reuse.session_ttl_s,
+                                turn_interval_s=self.reuse.turn_interval_s,
+                                sessions_per_instance=spread.sessions_per_instance,
+                                cached_history_tokens=history, prefill_tokens_per_s=prefill)
+        return spread, effects
 
     def template_metadata(self) -> dict[str, Any]:
         """The figures the simulator and the cost report read back from the template."""
@@ -264,6 +323,29 @@ def solve_reuse(sizing: _Sizing, window_reuse: float, *, ttl_s: int,
                   instances=instances)
 
 
+def _conversation_load(sizing: _Sizing, replayed: ConversationReuse, state: ReuseState,
+                       conversation: Conversation, kv_in_flight: int) -> ConversationLoad | None:
+    """The replayed conversation's mean turn (its answers ``tokens_per_turn`` long) as a
+    one-bucket mix, sized like the endpoint; None when the model cannot serve it at all."""
+    turns = replayed.turns
+    prompt = round(sum(t.prompt_tokens for t in turns) / len(turns))
+    history = round(sum(t.history_tokens for t in turns) / len(turns))
+    system = replayed.layout.system_tokens + replayed.layout.opening_tokens
+    max_tokens = replayed.geometry.output_tokens
+    bounds = sizing.mix.bounds
+    try:
+        mix = request_mix([BucketDemand(bounds.classify(prompt + max_tokens), 1.0, prompt,
+                                        max_tokens, conversation.tokens_per_turn, system,
+                                        history)], bounds)
+        capacity = _size(replace(sizing, mix=mix), state.history_reuse)
+    except (DemandError, CapacityError):
+        return None
+    return ConversationLoad(mean_prompt_tokens=prompt,
+                            mean_cached_tokens=capacity.mean_cached_prompt_tokens,
+                            in_flight_kv=kv_in_flight, capacity=capacity,
+                            think_time_s=sizing.inputs.think_time_s)
+
+
 def _rates_for(table: DecodeSpeedTable, plan: MemoryPlan) -> GpuRates | None:
     try:
         return table.rates_for(plan.gpu_model, plan.model_name, plan.quantization)
@@ -313,12 +395,15 @@ def llm_capacity(
         if inputs.sessions or fleet.business_hours.min_capacity == instances:
             break
         instances = fleet.business_hours.min_capacity
+    options = conversation_options(
+        plan=plan, replan=replan, conversation=conversation, window=window, mix=mix,
+        table=table, admission_watermark=admission_watermark, wanted=conversations_wanted)
     return LlmCapacity(
         memory_plan=plan, mix=mix, window=window, slo=slo, instance=instance,
         fleet=fleet, load=load, policy=policy, profile=profile,
         conversation=conversation, conversations_wanted=conversations_wanted,
-        conversation_options=conversation_options(
-            plan=plan, replan=replan, conversation=conversation, window=window, mix=mix,
-            table=table, admission_watermark=admission_watermark, wanted=conversations_wanted),
+        conversation_options=options,
         reuse=state, conversation_reuse=replayed, reuse_inputs=inputs, rates=rates,
+        conversation_load=_conversation_load(sizing, replayed, state, conversation,
+                                             options[0].concurrent),
     )

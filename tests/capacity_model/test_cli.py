@@ -27,8 +27,21 @@ def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) ->
         f"min {fleet.off_peak.min_capacity}, max {fleet.off_peak.max_capacity}",
         "Long conversations per GPU (30 turns × 100 tokens",
         "is an assumption (not measured)",
+        "prefill 1,567 / 2,507 / 3,260 tokens/s",
+        f"counted                       {capacity.reuse.history_reuse:.1%}",
+        f"session TTL                   {capacity.reuse.session_ttl_s} s",
+        f"XL p99 {capacity.instance.latency_of('XL').time_to_first_token_p99_ms:,.0f} ms",
+        f"{capacity.conversation_load.in_flight} turns in flight within the SLOs",
     ):
         assert fragment in out, fragment
+
+
+def test_pools_prints_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pools", "--env", "prod"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| option | pools")
+    assert "| one pool (as configured) | all on ml.g5.xlarge:" in out
+    assert "| one pool on ml.g6e.xlarge | all on ml.g6e.xlarge:" in out
 
 
 def test_plan_as_json_carries_the_gateway_environment(capsys: pytest.CaptureFixture[str]) -> None:

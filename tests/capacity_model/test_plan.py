@@ -104,3 +104,27 @@ def test_mixture_quantile_is_a_quantile() -> None:
         200, rel=1e-6)
     # 2 % of requests far slower: the p99 lies inside the slow bucket's distribution.
     assert 1000 < mixture_quantile([(0.98, one), (0.02, Latency(1000, 2000))]) < 2000
+
+
+def test_pinning_spreads_the_load_and_the_ttl_bounds_the_drain(prod: LlmCapacity) -> None:
+    spread, effects = prod.session_effects()
+    request = prod.instance.request_seconds
+    assert spread.active_share == pytest.approx(request / (request + 45))
+    assert spread.sessions_per_instance == pytest.approx(
+        prod.fleet.target_concurrent_requests_per_model / spread.active_share)
+    assert spread.p99_over_mean_pinned > spread.p99_over_mean_pooled > 1
+    assert effects.drain_s == prod.reuse.session_ttl_s
+    assert effects.repin_share == pytest.approx(prod.reuse.turn_interval_s / 360)
+
+
+def test_the_thirty_turn_conversation_as_an_instances_whole_load(prod: LlmCapacity) -> None:
+    load = prod.conversation_load
+    assert load is not None
+    turns = prod.conversation_reuse.turns
+    assert load.mean_prompt_tokens == round(sum(t.prompt_tokens for t in turns) / len(turns))
+    assert load.in_flight_kv == prod.configured_conversations.concurrent
+    assert load.in_flight <= load.in_flight_kv
+    latency = load.capacity.bucket_latency[0]
+    assert latency.time_to_first_token_p99_ms <= prod.slo.time_to_first_token_p99_ms
+    request = load.capacity.request_seconds
+    assert load.open_conversations == pytest.approx(load.in_flight * (request + 45) / request)
