@@ -105,6 +105,15 @@ ADMISSION_REJECTIONS = MetricSpec(
     "Requests shed by KV-aware admission (429/503 with Retry-After), per request bucket.",
     Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"),
     dimension_values=(("Bucket", BUCKET_NAMES),))
+SESSIONS_OPENED = MetricSpec(
+    "SessionsOpened", Unit.COUNT,
+    "SageMaker stateful sessions this instance opened (sticky routing for a conversation).",
+    Emitter.GATEWAY)
+SESSION_MISSES = MetricSpec(
+    "SessionMisses", Unit.COUNT,
+    "Requests naming a session this instance does not hold (expired, closed, or opened on an "
+    "instance that is gone): served as usual, without the conversation's cached prefix.",
+    Emitter.GATEWAY)
 QUEUE_WAIT = MetricSpec("QueueWait", Unit.MILLISECONDS,
                         "Time a request waited for admission before reaching the engine.",
                         Emitter.GATEWAY)

@@ -353,6 +353,7 @@ class _EndpointSection:
                 left_axis="milliseconds (ms)",
                 annotations=_threshold_line(self.alarms, mc.TIME_TO_FIRST_TOKEN, unit="ms"),
             ),
+            self.prefix_cache(),
             _graph(
                 self.title("Time per output token (ms)"),
                 left=self.percentiles(mc.TIME_PER_OUTPUT_TOKEN, "TimePerOutputToken"),
@@ -393,6 +394,25 @@ class _EndpointSection:
                 left_axis="requests shed per period", stacked=True,
             ),
         ]
+
+    def prefix_cache(self) -> cloudwatch.GraphWidget:
+        """Beside time to first token: how much of the prompts the prefix cache served (the
+        stepped window and sessions keep it high; a drop shows up as slower first tokens), and
+        requests that named a session their instance did not hold."""
+        hit_rate = cloudwatch.MathExpression(
+            expression="100 * cached / prompt",
+            using_metrics={
+                "cached": self.metric(mc.CACHED_PROMPT_TOKENS, "Sum", "CachedPromptTokens"),
+                "prompt": self.metric(mc.PROMPT_TOKENS, "Sum", "PromptTokens"),
+            },
+            label="prompt tokens served from the prefix cache (%)", period=PERIOD)
+        return _graph(
+            self.title("Prefix cache hit rate (%) and sessions"),
+            left=[hit_rate], left_axis="% of prompt tokens", left_max=100,
+            right=[self.metric(mc.SESSION_MISSES, "Sum", "SessionMisses"),
+                   self.metric(mc.SESSIONS_OPENED, "Sum", "SessionsOpened")],
+            right_axis="requests per period",
+        )
 
     def intent_widgets(self) -> list[cloudwatch.IWidget]:
         return [

@@ -96,8 +96,9 @@ def gateway_env(served: Served, engine: EngineConfig = EngineConfig(), *,
 
 
 def vllm_server_command(served: Served, engine: EngineConfig = EngineConfig(), *, port: int,
-                        python: Path = VLLM_PYTHON) -> list[str]:
-    """vLLM's own OpenAI server with the arguments :func:`gateway_env` gives the gateway."""
+                        python: Path = VLLM_PYTHON, extra: Sequence[str] = ()) -> list[str]:
+    """vLLM's own OpenAI server with the arguments :func:`gateway_env` gives the gateway
+    (``extra``: more of its own flags, e.g. ``--enable-prompt-tokens-details``)."""
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(served.model_dir), "--served-model-name", served.served_model_name,
@@ -109,9 +110,11 @@ def vllm_server_command(served: Served, engine: EngineConfig = EngineConfig(), *
         "--enable-prefix-caching" if engine.enable_prefix_caching
         else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details, as the gateway's
     ]
     if engine.num_gpu_blocks is not None:
         command += ["--num-gpu-blocks-override", str(engine.num_gpu_blocks)]
+    command += list(extra)
     if served.adapters:
         command += ["--enable-lora", "--max-loras", str(engine.max_loras),
                     "--max-lora-rank", str(engine.max_lora_rank), "--lora-modules",

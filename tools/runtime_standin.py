@@ -3,7 +3,8 @@
     python -m tools.runtime_standin --endpoint manga-assist-dev-llm=http://127.0.0.1:8080 \
         --endpoint manga-assist-dev-intent=http://127.0.0.1:8081 [--port 8090]
 
-then ``make smoke ENV=dev SMOKE_FLAGS="--endpoint-url http://127.0.0.1:8090"``. It answers
+then ``make smoke ENV=dev SMOKE_FLAGS="--endpoint-url http://127.0.0.1:8090"``. Naming an
+endpoint twice gives it two instances. It answers
 
 * ``POST /endpoints/<name>/invocations`` — forwards the body to the container's
   ``/invocations`` and returns its answer as InvokeEndpoint does (a container error becomes
@@ -13,9 +14,19 @@ then ``make smoke ENV=dev SMOKE_FLAGS="--endpoint-url http://127.0.0.1:8090"``. 
   (``tools/eventstream.py``), cut into parts of at most ``max_part_bytes`` at arbitrary byte
   boundaries, as SageMaker does; a container stream that breaks becomes a ``ModelStreamError``.
 
+Requests go to an endpoint's instances in turn, except for **stateful sessions** ("Stateful
+sessions with Amazon SageMaker AI models", the SageMaker developer guide): a request with
+``SessionId`` (the ``X-Amzn-SageMaker-Session-Id`` header, forwarded) goes to the instance that
+answered the session's ``NEW_SESSION`` request with ``X-Amzn-SageMaker-New-Session-Id`` (passed
+back, as is ``X-Amzn-SageMaker-Closed-Session-Id``, so botocore reads ``NewSessionId`` and
+``ClosedSessionId``); ``NEW_SESSION`` on the streaming operation is refused, as SageMaker refuses
+it. An id the stand-in never saw goes to any instance; a session whose instance is unreachable
+gets SageMaker's 424 ``ModelError``.
+
 So botocore's own parsers — the event-stream decoder and its CRCs included — read the answers.
-Not a model of SageMaker's limits, auth or routing: only its wire format. Test hooks
-(``cut_stream_after_parts``) make a stream end early, to check that the smoke test notices.
+Not a model of SageMaker's limits, auth or load balancing: only its wire format and session
+routing. Test hooks (``cut_stream_after_parts``) make a stream end early, to check that the
+smoke test notices.
 """
 
 from __future__ import annotations
@@ -34,19 +45,65 @@ import httpx
 
 from tools.eventstream import model_stream_error, payload_part
 
+SESSION_ID_HEADER = "X-Amzn-SageMaker-Session-Id"
+NEW_SESSION_ID_HEADER = "X-Amzn-SageMaker-New-Session-Id"
+CLOSED_SESSION_ID_HEADER = "X-Amzn-SageMaker-Closed-Session-Id"
+NEW_SESSION = "NEW_SESSION"
+
 PATH = re.compile(r"^/endpoints/(?P<name>[A-Za-z0-9-]{1,63})/"
                   r"(?P<kind>invocations|invocations-response-stream)$")
 
 
 @dataclass
 class StandinConfig:
-    """Endpoint name → container base URL, and how streams are cut into parts."""
+    """Endpoint name → its instances' container base URLs (one URL: one instance), and how
+    streams are cut into parts. ``invocations`` records ``"<operation> <endpoint> <instance>"``."""
 
-    endpoints: dict[str, str]
+    endpoints: Mapping[str, str | Sequence[str]]
     max_part_bytes: int = 4096
     cut_stream_after_parts: int | None = None
     timeout_s: float = 60.0
     invocations: list[str] = field(default_factory=list)
+
+    def instances(self, endpoint: str) -> tuple[str, ...]:
+        """The endpoint's instances (empty when there is no such endpoint)."""
+        urls = self.endpoints.get(endpoint, ())
+        return (urls,) if isinstance(urls, str) else tuple(urls)
+
+
+class SessionRouter:
+    """Round robin over an endpoint's instances, except that a session's requests go to the
+    instance that opened it (thread-safe: the server handles requests in threads)."""
+
+    def __init__(self, config: StandinConfig) -> None:
+        self.config = config
+        self.sessions: dict[str, str] = {}
+        self._next: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def pick(self, endpoint: str, session: str | None) -> str:
+        """The instance for a request naming ``session`` (None, NEW_SESSION or an id)."""
+        instances = self.config.instances(endpoint)
+        with self._lock:
+            if session is not None and session in self.sessions:
+                return self.sessions[session]
+            turn = self._next.get(endpoint, 0)
+            self._next[endpoint] = turn + 1
+            return instances[turn % len(instances)]
+
+    def answered(self, instance: str, headers: Mapping[str, str]) -> dict[str, str]:
+        """Note what the container said about sessions; the headers to pass back."""
+        passed: dict[str, str] = {}
+        with self._lock:
+            opened = headers.get(NEW_SESSION_ID_HEADER)
+            if opened:
+                self.sessions[opened.split(";", 1)[0].strip()] = instance
+                passed[NEW_SESSION_ID_HEADER] = opened
+            closed = headers.get(CLOSED_SESSION_ID_HEADER)
+            if closed:
+                self.sessions.pop(closed, None)
+                passed[CLOSED_SESSION_ID_HEADER] = closed
+        return passed
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -62,20 +119,25 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None:
             return self._error(404, "UnknownOperationException", f"no route for {self.path}")
         config = self.server.config
-        base = config.endpoints.get(match["name"])
-        if base is None:
+        if not config.instances(match["name"]):
             return self._error(400, "ValidationError",
                                f"Endpoint {match['name']} of account 123456789012 not found.")
-        config.invocations.append(f"{match['kind']} {match['name']}")
-        content_type = self.headers.get("Content-Type", "application/json")
+        session = self.headers.get(SESSION_ID_HEADER)
+        if match["kind"] != "invocations" and session == NEW_SESSION:
+            return self._error(400, "ValidationError", "You can't create a stateful session by "
+                               "using InvokeEndpointWithResponseStream; use InvokeEndpoint.")
+        base = self.server.router.pick(match["name"], session)
+        config.invocations.append(f"{match['kind']} {match['name']} {base}")
+        forwarded = {"Content-Type": self.headers.get("Content-Type", "application/json")}
+        if session is not None:
+            forwarded[SESSION_ID_HEADER] = session
         if match["kind"] == "invocations":
-            return self._invoke(base, body, content_type)
-        return self._invoke_stream(base, body, content_type)
+            return self._invoke(base, body, forwarded)
+        return self._invoke_stream(base, body, forwarded)
 
-    def _invoke(self, base: str, body: bytes, content_type: str) -> None:
+    def _invoke(self, base: str, body: bytes, forwarded: Mapping[str, str]) -> None:
         try:
-            response = httpx.post(f"{base}/invocations", content=body,
-                                  headers={"Content-Type": content_type},
+            response = httpx.post(f"{base}/invocations", content=body, headers=forwarded,
                                   timeout=self.server.config.timeout_s)
         except httpx.HTTPError as error:
             return self._error(424, "ModelError", f"container unreachable: {error}")
@@ -83,13 +145,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._model_error(response.status_code, response.text)
         self._send(200, response.content, {
             "Content-Type": response.headers.get("content-type", "application/json"),
-            "x-Amzn-Invoked-Production-Variant": "AllTraffic"})
+            "x-Amzn-Invoked-Production-Variant": "AllTraffic",
+            **self.server.router.answered(base, response.headers)})
 
-    def _invoke_stream(self, base: str, body: bytes, content_type: str) -> None:
+    def _invoke_stream(self, base: str, body: bytes, forwarded: Mapping[str, str]) -> None:
         config = self.server.config
         try:
-            with httpx.stream("POST", f"{base}/invocations", content=body,
-                              headers={"Content-Type": content_type},
+            with httpx.stream("POST", f"{base}/invocations", content=body, headers=forwarded,
                               timeout=config.timeout_s) as response:
                 if response.status_code >= 300:
                     response.read()
@@ -154,6 +216,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], config: StandinConfig) -> None:
         super().__init__(address, _Handler)
         self.config = config
+        self.router = SessionRouter(config)
 
 
 class RuntimeStandin:
@@ -183,12 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--max-part-bytes", type=int, default=4096)
     args = parser.parse_args(argv)
-    endpoints = {}
+    endpoints: dict[str, list[str]] = {}
     for item in args.endpoint:
         name, sep, url = item.partition("=")
         if not sep or not url.startswith("http"):
             parser.error(f"--endpoint: {item!r} is not NAME=http://host:port")
-        endpoints[name] = url.rstrip("/")
+        endpoints.setdefault(name, []).append(url.rstrip("/"))
     standin = RuntimeStandin(StandinConfig(endpoints, max_part_bytes=args.max_part_bytes),
                              port=args.port)
     print(f"SageMaker runtime stand-in on {standin.url}: {', '.join(endpoints)}", flush=True)

@@ -4,8 +4,9 @@
                           [--endpoint-url http://127.0.0.1:8090] [--markdown FILE]
 
 The LLM endpoint gets a Japanese and an English multi-turn conversation, a request routed by
-intent + locale, and a streamed request (InvokeEndpointWithResponseStream, every event parsed);
-the intent endpoint gets a batch. Answers, routing, the fallback flag, latency and time to first
+intent + locale, a streamed request (InvokeEndpointWithResponseStream, every event parsed) and a
+stateful session (opened with SessionId=NEW_SESSION, two turns on its instance, closed); the
+intent endpoint gets a batch. Answers, routing, the fallback flag, latency and time to first
 token are judged against ``smoke`` in config/<env>.yaml (tools/smoke_checks.py). Prints a table
 and one line per failure; exit 0 when every check passed, 1 otherwise, 2 on bad arguments.
 Endpoint names default to the ones the stacks create; ``--endpoint-url`` points botocore at
@@ -15,6 +16,7 @@ another runtime (the local stand-in, tools/runtime_standin.py).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -28,7 +30,9 @@ from tools.smoke_checks import (
     JA_CONVERSATION,
     ROUTED_INTENT,
     ROUTED_LOCALE,
+    SESSION_FOLLOW_UP,
     Check,
+    SessionRecord,
     SseAssembler,
     StreamRecord,
     chat_body,
@@ -37,20 +41,72 @@ from tools.smoke_checks import (
     intent_body,
     judge_chat,
     judge_intent,
+    judge_session,
     judge_stream,
     render_markdown,
     render_table,
+    session_id_of,
 )
 
 Clock = Callable[[], float]
 
 
-def _invoke(runtime: Any, endpoint: str, body: bytes, clock: Clock) -> tuple[bytes, float]:
+def _invoke(runtime: Any, endpoint: str, body: bytes, clock: Clock,
+            session: str | None = None) -> tuple[bytes, float]:
     started = clock()
+    extra = {"SessionId": session} if session is not None else {}
     response = runtime.invoke_endpoint(EndpointName=endpoint, Body=body,
-                                       ContentType="application/json", Accept="application/json")
+                                       ContentType="application/json", Accept="application/json",
+                                       **extra)
     raw = response["Body"].read()
     return raw, (clock() - started) * 1000
+
+
+def _session_request(runtime: Any, endpoint: str, request_type: str, session: str) -> Any:
+    return runtime.invoke_endpoint(EndpointName=endpoint, SessionId=session,
+                                   Body=json.dumps({"requestType": request_type}).encode(),
+                                   ContentType="application/json", Accept="application/json")
+
+
+def open_session(runtime: Any, endpoint: str) -> tuple[str | None, str]:
+    """Open a stateful session: (its id, the NewSessionId value as received)."""
+    value = str(_session_request(runtime, endpoint, "NEW_SESSION", "NEW_SESSION")
+                .get("NewSessionId") or "")
+    return session_id_of(value), value
+
+
+def _session(runtime: Any, endpoint: str, settings: EnvironmentSettings,
+             clock: Clock) -> SessionRecord:
+    """A session as a caller runs one: open it, two turns, close it. A turn refused on its
+    session (its instance is gone) is sent again, once, on a new session: the history travels
+    with every request, so nothing is lost."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    record = SessionRecord()
+    messages = list(EN_CONVERSATION)
+    try:
+        session, value = open_session(runtime, endpoint)
+        record.opened.append(value)
+        for _ in range(2):
+            body = chat_body(messages, settings.smoke, extension={"locale": "en-US"})
+            try:
+                raw, ms = _invoke(runtime, endpoint, body, clock, session=session)
+            except ClientError:
+                session, value = open_session(runtime, endpoint)
+                record.opened.append(value)
+                raw, ms = _invoke(runtime, endpoint, body, clock, session=session)
+            record.turns.append((raw, ms))
+            answer = json.loads(raw)["choices"][0]["message"]["content"]
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": SESSION_FOLLOW_UP}]
+        if session is not None:
+            closed = _session_request(runtime, endpoint, "CLOSE", session)
+            record.closed = closed.get("ClosedSessionId")
+    except (ClientError, BotoCoreError) as error:
+        record.error = f"{type(error).__name__}: {error}"
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        record.error = f"not a chat completion: {type(error).__name__}: {error}"
+    return record
 
 
 def _stream(runtime: Any, endpoint: str, body: bytes, clock: Clock) -> StreamRecord:
@@ -105,6 +161,8 @@ def run_checks(runtime: Any, settings: EnvironmentSettings, *, llm_endpoint: str
                      chat_body(EN_CONVERSATION, smoke, extension={"locale": "en-US"},
                                stream=True), clock)
     checks.append(judge_stream(llm_endpoint, record, smoke))
+    checks.append(judge_session(llm_endpoint, _session(runtime, llm_endpoint, settings, clock),
+                                smoke, block_size=settings.llm.block_size))
     try:
         raw, ms = _invoke(runtime, intent_endpoint, intent_body(), clock)
         checks.append(judge_intent(intent_endpoint, raw, ms, smoke))

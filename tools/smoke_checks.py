@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,11 @@ EN_CONVERSATION: tuple[dict[str, str], ...] = (
     {"role": "assistant", "content": "You might enjoy \"Jujutsu Kaisen\" or \"Chainsaw Man\"."},
     {"role": "user", "content": "Which of those is finished, and how many volumes is it?"},
 )
+SESSION_FOLLOW_UP = "Is the first volume of that series in stock?"
+"""The second turn of the session check (after the first turn's answer)."""
+NEW_SESSION_VALUE = re.compile(r"^(?P<id>[a-zA-Z0-9](-*[a-zA-Z0-9])*); Expires=(?P<expires>"
+                               r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
+"""``NewSessionId`` as the gateway writes it (gateway.sessions): ``<id>; Expires=<UTC>``."""
 ROUTED_INTENT, ROUTED_LOCALE = "recommendation", "ja-JP"
 INTENT_BATCH: tuple[tuple[str, str], ...] = (
     ("注文した『呪術廻戦』の最新刊はいつ届きますか？", "order_tracking"),
@@ -210,6 +216,78 @@ def has_content(payload: str) -> bool:
     except ValueError:
         return False
     return any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices", []))
+
+
+def session_id_of(new_session_id: str | None) -> str | None:
+    """The id in a ``NewSessionId`` value, or None when it is not ``<id>; Expires=<UTC>``."""
+    match = NEW_SESSION_VALUE.match(new_session_id or "")
+    return match["id"] if match else None
+
+
+@dataclass
+class SessionRecord:
+    """What the smoke test saw of one stateful session: opened, two turns, closed."""
+
+    opened: list[str] = field(default_factory=list)
+    """Every ``NewSessionId`` received (a second one when the session had to be reopened)."""
+    turns: list[tuple[bytes, float]] = field(default_factory=list)
+    closed: str | None = None
+    error: str | None = None
+
+
+def _session_turn_problem(index: int, raw: bytes, session_id: str) -> tuple[str | None, int]:
+    """What is wrong with turn ``index`` of the session; (problem, prompt tokens)."""
+    try:
+        answer = json.loads(raw)
+        content = answer["choices"][0]["message"]["content"]
+        extension, usage = answer["mangaassist"], answer["usage"]
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        return f"turn {index + 1} is not a chat completion ({error}): {raw[:120]!r}", 0
+    if extension.get("fallback"):
+        return f"turn {index + 1} is a fallback ({extension['fallback'].get('reason')})", 0
+    if not str(content).strip():
+        return f"turn {index + 1} is empty", 0
+    session = extension.get("session") or {}
+    if session != {"id": session_id, "state": "active"}:
+        return (f"turn {index + 1} did not reach the session's instance: mangaassist.session "
+                f"{session or None}"), 0
+    return None, int(usage["prompt_tokens"])
+
+
+def judge_session(endpoint: str, record: SessionRecord, smoke: SmokeSettings, *,
+                  block_size: int) -> Check:
+    """A session opens with an id and an expiry, both turns reach its instance (the second finds
+    the first one's prompt in the prefix cache), and it closes. Reopened once after a lost
+    instance, it passes without the cache criterion (the documented recovery)."""
+    latency = sum(ms for _, ms in record.turns) or None
+
+    def fail(detail: str) -> Check:
+        return Check(endpoint, "session", False, detail, latency)
+
+    if record.error:
+        return fail(record.error)
+    session_id = session_id_of(record.opened[-1] if record.opened else None)
+    if session_id is None:
+        return fail(f"NewSessionId {record.opened[-1:] or None} is not '<id>; Expires=<UTC>'")
+    if len(record.turns) != 2:
+        return fail(f"{len(record.turns)} turns answered, 2 expected")
+    prompts: list[int] = []
+    for index, (raw, _) in enumerate(record.turns):
+        problem, prompt_tokens = _session_turn_problem(index, raw, session_id)
+        if problem:
+            return fail(problem)
+        prompts.append(prompt_tokens)
+    cached = json.loads(record.turns[1][0])["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if len(record.opened) == 1 and cached < prompts[0] - block_size:
+        return fail(f"turn 2 found {cached} of turn 1's {prompts[0]} prompt tokens cached; its "
+                    "instance should hold them all but the last block")
+    if record.closed != session_id:
+        return fail(f"ClosedSessionId {record.closed!r}, expected {session_id!r}")
+    reopened = " (reopened once)" if len(record.opened) > 1 else ""
+    return Check(endpoint, "session", True,
+                 f"2 turns on its instance{reopened}, turn 2 cached {cached} of "
+                 f"{json.loads(record.turns[1][0])['usage']['prompt_tokens']} prompt tokens, "
+                 "closed", latency)
 
 
 def intent_body(batch: Iterable[tuple[str, str]] = INTENT_BATCH) -> bytes:

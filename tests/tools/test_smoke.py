@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,9 +21,11 @@ from botocore.eventstream import EventStreamBuffer
 from stacks.settings import load_settings
 from tests.containers.intent.conftest import free_port, server_env, wait_until_ready
 from tests.containers.llm.harness import GatewayProcess
+from tools import smoke as smoke_module
 from tools.eventstream import model_stream_error, payload_part
 from tools.runtime_standin import RuntimeStandin, StandinConfig
-from tools.smoke import main
+from tools.smoke import _session, main
+from tools.smoke_checks import judge_session
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LLM, INTENT = "manga-assist-dev-llm", "manga-assist-dev-intent"
@@ -130,8 +133,10 @@ def test_passes_against_the_real_containers(
     assert any(line.startswith(INTENT) and "batch" in line and "  ok  " in line for line in lines)
     routed = next(line for line in lines if "routed intent+locale" in line)
     assert routed.endswith("adapter manga-ja")  # recommendation + ja-JP: config/dev.yaml
-    assert lines[-1] == "smoke: 5 passed, 0 failed"
-    assert f"invocations-response-stream {LLM}" in standin.config.invocations
+    assert lines[-1] == "smoke: 6 passed, 0 failed"
+    assert f"invocations-response-stream {LLM} {gateway.url}" in standin.config.invocations
+    session = next(line for line in lines if " session " in line)
+    assert "2 turns on its instance, turn 2 cached" in session and session.endswith("closed")
 
 
 @pytest.mark.slow
@@ -145,7 +150,7 @@ def test_fails_saying_why_when_a_stream_breaks_off(
     [failure] = [line for line in lines if line.startswith("FAIL ")]
     assert failure.startswith(f"FAIL {LLM} stream: stream broke off: ")
     assert "and no [DONE]" in failure
-    assert lines[-1] == "smoke: 4 passed, 1 failed"
+    assert lines[-1] == "smoke: 5 passed, 1 failed"
 
 
 @pytest.mark.slow
@@ -179,3 +184,91 @@ def test_botocore_reads_the_event_stream_framing() -> None:
     assert first.payload.decode() == 'data: {"x": "漫画"}\n'
     assert second.headers[":exception-type"] == "ModelStreamError"
     assert second.payload == b'{"Message": "boom", "ErrorCode": "ModelStreamError"}'
+
+
+@pytest.fixture(scope="module")
+def second_gateway(workdir: Path) -> Iterator[GatewayProcess]:
+    """Another instance of the LLM endpoint (sessions must stick to one of the two)."""
+    from gateway.demo_model import write_model_dir
+
+    model_dir = write_model_dir(workdir / "llm-model-2")
+    process = GatewayProcess(model_dir, workdir, {**gateway_env(),
+                                                  "ENGINE_SIM_EOS_PROBABILITY": "0"})
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+def runtime_client(standin: RuntimeStandin) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("sagemaker-runtime", region_name="ap-northeast-1",
+                        endpoint_url=standin.url,
+                        config=Config(retries={"max_attempts": 1, "mode": "standard"}))
+
+
+@pytest.mark.slow
+def test_a_sessions_turns_stay_on_the_instance_that_opened_it(
+        gateway: GatewayProcess, second_gateway: GatewayProcess, aws_env: None) -> None:
+    """Two instances, requests otherwise in turn: every request of a session goes where it was
+    opened, and its second turn finds the first one's prompt cached there."""
+    settings = load_settings("dev")
+    config = StandinConfig({LLM: [gateway.url, second_gateway.url]})
+    with RuntimeStandin(config) as standin:
+        records = [_session(runtime_client(standin), LLM, settings, time.perf_counter)
+                   for _ in range(3)]
+    for record in records:
+        check = judge_session(LLM, record, settings.smoke, block_size=settings.llm.block_size)
+        assert check.passed, check.detail
+        assert len(record.opened) == 1
+    instances = [line.split()[-1] for line in config.invocations]
+    # open, two turns, close: four requests per session, all on one instance; sessions alternate
+    per_session = [instances[i:i + 4] for i in range(0, len(instances), 4)]
+    assert all(len(set(group)) == 1 for group in per_session), per_session
+    assert {group[0] for group in per_session} == {gateway.url, second_gateway.url}
+
+
+@pytest.mark.slow
+def test_a_session_whose_instance_is_gone_is_reopened_and_loses_nothing(
+        workdir: Path, aws_env: None) -> None:
+    """The session's instance dies between two turns: SageMaker's router cannot reach it (424
+    ModelError here), the caller opens a new session and sends the same history again."""
+    from gateway.demo_model import write_model_dir
+
+    settings = load_settings("dev")
+    model_dir = write_model_dir(workdir / "llm-model-3")
+    doomed = GatewayProcess(model_dir, workdir, {**gateway_env(),
+                                                 "ENGINE_SIM_EOS_PROBABILITY": "0"})
+    survivor = GatewayProcess(model_dir, workdir, {**gateway_env(),
+                                                   "ENGINE_SIM_EOS_PROBABILITY": "0"})
+    try:
+        doomed.wait_ready()
+        survivor.wait_ready()
+        config = StandinConfig({LLM: [doomed.url, survivor.url]})
+        with RuntimeStandin(config) as standin:
+            client = runtime_client(standin)
+            original = smoke_module.open_session
+
+            def open_then_kill(runtime: Any, endpoint: str) -> tuple[str | None, str]:
+                opened = original(runtime, endpoint)
+                if doomed.process.poll() is None:
+                    doomed.stop()  # the instance that holds the new session is replaced
+                return opened
+
+            smoke_module.open_session = open_then_kill  # type: ignore[assignment]
+            try:
+                record = _session(client, LLM, settings, time.perf_counter)
+            finally:
+                smoke_module.open_session = original  # type: ignore[assignment]
+        check = judge_session(LLM, record, settings.smoke, block_size=settings.llm.block_size)
+        assert check.passed, check.detail
+        assert len(record.opened) == 2
+        assert "reopened once" in check.detail
+        assert config.invocations[-1].endswith(survivor.url)
+    finally:
+        for process in (doomed, survivor):
+            if process.process.poll() is None:
+                process.stop()

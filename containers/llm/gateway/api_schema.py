@@ -18,8 +18,10 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_serializer,
@@ -119,6 +121,30 @@ class ChatCompletionRequest(BaseModel):
         return value
 
 
+class SessionRequest(BaseModel):
+    """POST /invocations body that opens or closes a SageMaker stateful session (gateway.sessions):
+    ``NEW_SESSION`` (with ``InvokeEndpoint(SessionId="NEW_SESSION")``), or ``CLOSE`` (with the
+    session's id as ``SessionId``)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", title="SessionRequest")
+
+    requestType: Literal["NEW_SESSION", "CLOSE"]
+
+
+def _invocation_kind(body: Any) -> str:
+    """A body with ``requestType`` manages a session; anything else is a chat request."""
+    return "session" if isinstance(body, dict) and "requestType" in body else "chat"
+
+
+InvocationBody = Annotated[
+    Annotated[ChatCompletionRequest, Tag("chat")] | Annotated[SessionRequest, Tag("session")],
+    Discriminator(_invocation_kind),
+]
+"""What POST /invocations accepts: a chat completion request or a session request."""
+INVOCATION_TAGS: frozenset[str] = frozenset({"chat", "session"})
+"""The discriminator's tags, which pydantic puts into an error's location."""
+
+
 # --- responses (gateway.responses builds every answer from these) ---
 class ErrorDetail(BaseModel):
     """OpenAI's error object."""
@@ -193,6 +219,15 @@ class FallbackInfo(BaseModel):
     detail: str
 
 
+class SessionReport(BaseModel):
+    """The SageMaker session the request named (present only when it named one)."""
+
+    id: str
+    state: Literal["opened", "active", "expired", "unknown"]
+    """``expired`` / ``unknown``: this instance did not hold it; served as usual (a session is a
+    routing hint, never state)."""
+
+
 class ResponseExtension(BaseModel):
     """MangaAssist's response fields."""
 
@@ -205,6 +240,22 @@ class ResponseExtension(BaseModel):
     fallback: FallbackInfo | None
     deadline_exceeded: bool
     context: ContextReport
+    session: SessionReport | None = Field(None, exclude_if=lambda value: value is None)
+
+
+class SessionOpened(BaseModel):
+    """The answer to ``{"requestType": "NEW_SESSION"}`` (the id is also in the header)."""
+
+    session_id: str
+    expires_at: str
+
+
+class SessionClosed(BaseModel):
+    """The answer to ``{"requestType": "CLOSE"}``."""
+
+    session_id: str
+    was_open: bool
+    """False when this instance did not hold the session (closing is idempotent)."""
 
 
 class ChatCompletionResponse(BaseModel):

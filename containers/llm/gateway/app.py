@@ -23,18 +23,44 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
+import metrics_contract as mc
 from gateway import __version__
 from gateway.admission import AdmissionController, AdmissionLedger
-from gateway.api_schema import ChatCompletionRequest, ModelList, PingResponse, error_body
+from gateway.api_schema import (
+    ChatCompletionRequest,
+    InvocationBody,
+    ModelList,
+    PingResponse,
+    SessionClosed,
+    SessionOpened,
+    SessionReport,
+    SessionRequest,
+    error_body,
+)
 from gateway.breaker import BreakerPolicy, CircuitBreaker
 from gateway.engine_events import EngineEvents
 from gateway.engines.base import InferenceEngine, KvCapacity, SupportsFaultInjection
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
-from gateway.http_edge import CHAT_RESPONSES, BodyLimitMiddleware, validation_message
+from gateway.http_edge import (
+    CHAT_RESPONSES,
+    INVOCATION_RESPONSES,
+    BodyLimitMiddleware,
+    validation_message,
+)
 from gateway.lifecycle import FatalCallback, GatewayLifecycle
 from gateway.responses import STREAM_HEADERS, completion, headers, sse
 from gateway.routing import AdapterRouter
-from gateway.service import ApiError, ChatService
+from gateway.service import ApiError, ChatRun, ChatService
+from gateway.sessions import (
+    CLOSED_SESSION_ID_HEADER,
+    NEW_SESSION,
+    NEW_SESSION_ID_HEADER,
+    SESSION_ID_HEADER,
+    SESSION_ID_PATTERN,
+    SessionState,
+    SessionTable,
+    is_session_id,
+)
 from gateway.settings import Settings
 from gateway.supervisor import EngineSupervisor
 from gateway.telemetry import RequestRecord, Telemetry
@@ -98,6 +124,8 @@ class GatewayRuntime:
             adapters_dir=gateway.adapters_dir, routing_table=gateway.routing_table,
             locale_routes=gateway.locale_routes,
         )
+        self.sessions = SessionTable(ttl_s=gateway.session_ttl_s,
+                                     max_sessions=gateway.session_max)
         self.service = ChatService(settings, tokenizer=tokenizer, router=self.router,
                                    admission=self.admission, breaker=self.breaker,
                                    supervisor=self.supervisor, telemetry=telemetry, clock=clock)
@@ -120,21 +148,74 @@ class GatewayRuntime:
                                path=request.scope["path"], started=self.clock(),
                                stream=bool(body.stream))
         record.warmup = request.headers.get(WARMUP_HEADER) == self.lifecycle.warmup_token
+        session_headers = self._session_of(request, record)
         try:
             run = await self.service.start(body, record)
+            self._report_session(run, record)
             if body.stream:
                 return StreamingResponse(sse(run, on_done=self.telemetry.request),
                                          media_type="text/event-stream",
-                                         headers={**headers(run.early_finish), **STREAM_HEADERS})
+                                         headers={**headers(run.early_finish), **STREAM_HEADERS,
+                                                  **session_headers})
             text, finish = await run.collect()
         except ApiError as error:
-            return self.error_response(record, error)
+            return self.error_response(record, error, extra_headers=session_headers)
         answer = completion(run, text, finish)
         self.telemetry.request(record)
         return Response(answer.model_dump_json(), media_type=JSON_MEDIA_TYPE,
-                        headers=headers(finish))
+                        headers={**headers(finish), **session_headers})
 
-    def error_response(self, record: RequestRecord, error: ApiError) -> JSONResponse:
+    # --- SageMaker stateful sessions (gateway.sessions) ---
+    def _session_of(self, request: Request, record: RequestRecord) -> dict[str, str]:
+        """Read the request's session header into ``record``; a ``NEW_SESSION`` value opens
+        one (its id goes back in the response header). Never refuses: a session is a hint."""
+        value = request.headers.get(SESSION_ID_HEADER)
+        if value is None:
+            return {}
+        if value == NEW_SESSION:
+            session = self.sessions.open()
+            record.session_id, record.session_state = session.session_id, SessionState.OPENED
+            self._session_opened(session.session_id)
+            return {NEW_SESSION_ID_HEADER: session.new_session_header()}
+        state = self.sessions.state(value) if is_session_id(value) else SessionState.UNKNOWN
+        record.session_id, record.session_state = value[:256], state
+        return {}
+
+    @staticmethod
+    def _report_session(run: ChatRun, record: RequestRecord) -> None:
+        if record.session_id is not None and record.session_state is not None:
+            prepared = run.prepared
+            prepared.extension = prepared.extension.model_copy(update={
+                "session": SessionReport(id=record.session_id, state=record.session_state)})
+
+    def _session_opened(self, session_id: str) -> None:
+        self.telemetry.emit({mc.SESSIONS_OPENED: 1}, event="session_opened",
+                            session_id=session_id, open_sessions=len(self.sessions))
+
+    def session_request(self, request: Request, body: SessionRequest) -> JSONResponse:
+        """POST /invocations with ``{"requestType": "NEW_SESSION" | "CLOSE"}``."""
+        if body.requestType == "NEW_SESSION":
+            session = self.sessions.open()
+            self._session_opened(session.session_id)
+            return JSONResponse(SessionOpened(session_id=session.session_id,
+                                              expires_at=session.expires_iso).model_dump(),
+                                headers={NEW_SESSION_ID_HEADER: session.new_session_header()})
+        value = request.headers.get(SESSION_ID_HEADER)
+        if value is None or not is_session_id(value):
+            shown = "no header" if value is None else repr(value[:80])
+            return self.client_error(
+                request.url.path, 400,
+                f"{SESSION_ID_HEADER}: {shown}; closing a session needs its id there "
+                f"(InvokeEndpoint SessionId), matching {SESSION_ID_PATTERN.pattern}",
+                param=SESSION_ID_HEADER, code="invalid_session_id")
+        was_open = self.sessions.close(value)
+        self.telemetry.log("session_closed", session_id=value, was_open=was_open,
+                           open_sessions=len(self.sessions))
+        return JSONResponse(SessionClosed(session_id=value, was_open=was_open).model_dump(),
+                            headers={CLOSED_SESSION_ID_HEADER: value})
+
+    def error_response(self, record: RequestRecord, error: ApiError,
+                       extra_headers: dict[str, str] | None = None) -> JSONResponse:
         """The OpenAI-style error for ``error``, logged as the request's one line."""
         record.status = error.status
         record.outcome = "rejected" if error.status in (429, 503) else "client_error"
@@ -144,7 +225,8 @@ class GatewayRuntime:
         self.telemetry.request(record)
         return JSONResponse(error_body(error.message, type_=error.type_, param=error.param,
                                        code=error.code),
-                            status_code=error.status, headers=error.headers)
+                            status_code=error.status,
+                            headers={**error.headers, **(extra_headers or {})})
 
     def client_error(self, path: str, status: int, message: str, *, param: str | None = None,
                      code: str | None = None) -> JSONResponse:
@@ -218,9 +300,14 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
         """SageMaker health check: answers from state in well under 2 s."""
         return runtime.ping()
 
-    @app.post("/invocations", tags=["chat"], responses=CHAT_RESPONSES, response_model=None,
-              summary="SageMaker invoke: OpenAI chat completion")
-    async def invocations(request: Request, body: ChatCompletionRequest) -> Response:
+    @app.post("/invocations", tags=["chat"], responses=INVOCATION_RESPONSES, response_model=None,
+              summary="SageMaker invoke: OpenAI chat completion, or a stateful-session request")
+    async def invocations(request: Request, body: InvocationBody) -> Response:
+        """A chat completion (as /v1/chat/completions), or ``{"requestType": "NEW_SESSION"}`` /
+        ``{"requestType": "CLOSE"}`` (SageMaker stateful sessions: the id travels in the
+        X-Amzn-SageMaker-Session-Id / -New-Session-Id / -Closed-Session-Id headers)."""
+        if isinstance(body, SessionRequest):
+            return runtime.session_request(request, body)
         return await runtime.chat(request, body)
 
     @app.post("/v1/chat/completions", tags=["chat"], responses=CHAT_RESPONSES,

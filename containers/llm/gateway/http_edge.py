@@ -13,7 +13,15 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api_schema import STREAM_DESCRIPTION, ChatCompletionResponse, ErrorResponse, error_body
+from gateway.api_schema import (
+    INVOCATION_TAGS,
+    STREAM_DESCRIPTION,
+    ChatCompletionResponse,
+    ErrorResponse,
+    SessionClosed,
+    SessionOpened,
+    error_body,
+)
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `error.param` names the field."},
@@ -39,10 +47,20 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
                              "event": {"type": "string"}}}}}},
     **ERROR_RESPONSES,
 }
+INVOCATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **CHAT_RESPONSES,
+    200: {**CHAT_RESPONSES[200],
+          "model": ChatCompletionResponse | SessionOpened | SessionClosed,
+          "description": "The answer (a fallback answer is marked in mangaassist.fallback), or "
+                         "the session opened or closed (its id is also in the "
+                         "X-Amzn-SageMaker-New-Session-Id / -Closed-Session-Id header)."},
+}
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
     parts = [part for part in loc if part != "body"]
+    if parts and parts[0] in INVOCATION_TAGS:  # /invocations' body kind, not a field
+        parts = parts[1:]
     text = ""
     for part in parts:
         if isinstance(part, int):

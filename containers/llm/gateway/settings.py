@@ -110,6 +110,12 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("GATEWAY_BUCKET_CAPS", "S=128,M=64,L=32,XL=8",
                 "Concurrent requests allowed per bucket; the buckets (prompt + max output "
                 "tokens) are S <= 1/8, M <= 1/4, L <= 1/2 of ENGINE_MAX_MODEL_LEN, XL above."),
+    SettingSpec("GATEWAY_SESSION_TTL_S", "1200",
+                "Lifetime of a SageMaker stateful session this instance opens (its Expires), "
+                "from its creation; a conversation that lasts longer opens another "
+                "(docs/design-decisions.md#session-affinity)."),
+    SettingSpec("GATEWAY_SESSION_MAX", "100000",
+                "Most open sessions one instance remembers (the oldest is forgotten first)."),
     SettingSpec("GATEWAY_REQUEST_DEADLINE_S", "50",
                 "Whole-request deadline; must stay below SageMaker's 60 s invoke limit."),
     # --- circuit breaker and recovery ------------------------------------------------------------
@@ -239,6 +245,8 @@ class GatewaySettings:
     admission_wait_s: float
     retry_after_s: int
     buckets: BucketPolicy
+    session_ttl_s: float
+    session_max: int
     request_deadline_s: float
     breaker_open_s: float
     breaker_close_after_successes: int
@@ -536,6 +544,8 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         admission_wait_s=reader.number("GATEWAY_ADMISSION_WAIT_S", low=0.0, high=59.0),
         retry_after_s=reader.integer("GATEWAY_RETRY_AFTER_S", minimum=1, maximum=3600),
         buckets=_parse_buckets(reader, engine.max_model_len),
+        session_ttl_s=reader.number("GATEWAY_SESSION_TTL_S", low=60.0, high=86400.0),
+        session_max=reader.integer("GATEWAY_SESSION_MAX", minimum=1, maximum=10_000_000),
         request_deadline_s=reader.number("GATEWAY_REQUEST_DEADLINE_S", low=1.0,
                                          high=SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True),
         breaker_open_s=reader.number("GATEWAY_BREAKER_OPEN_S", low=0.0, high=3600.0),

@@ -71,6 +71,9 @@ class RequestRecord:
     error_param: str | None = None
     error_message: str | None = None
     warmup: bool = False
+    session_id: str | None = None
+    session_state: str | None = None
+    """What the request's SageMaker session header meant here (gateway.sessions.SessionState)."""
 
     def mark_tokens(self, now: float, count: int) -> None:
         """Note that ``count`` tokens arrived at ``now`` (monotonic): the stream's pace."""
@@ -107,6 +110,7 @@ class RequestRecord:
             "fallback_reason": self.fallback_reason, "breaker": self.breaker_state,
             "engine_generation": self.engine_generation, "error_code": self.error_code,
             "error_param": self.error_param, "error": self.error_message,
+            "session_id": self.session_id, "session": self.session_state,
         }
         fields.update({key: value for key, value in optional.items() if value is not None})
         if self.reached_engine or self.prompt_tokens:
@@ -176,6 +180,8 @@ class Telemetry:
                       **fields)
             return
         values: dict[mc.MetricSpec, float] = {mc.REQUEST_LATENCY: latency_s * 1000}
+        if record.session_state in ("expired", "unknown"):
+            values[mc.SESSION_MISSES] = 1
         if record.outcome == "client_error":
             values[mc.CLIENT_ERRORS] = 1
         elif record.reached_engine:

@@ -180,3 +180,25 @@ def test_a_truncated_conversation_sends_the_templates_rendering_of_what_it_kept(
 def test_the_served_models_are_listed(gateway: ServerProcess) -> None:
     listed = httpx.get(f"{gateway.url}/v1/models", timeout=5.0).json()
     assert {model["id"] for model in listed["data"]} == {"tiny-llama3", *ADAPTERS}
+
+
+def test_cached_prompt_tokens_are_the_engines_own_count(gateway: ServerProcess,
+                                                       vllm: ServerProcess) -> None:
+    """The second turn of a conversation finds the first turn's prompt in the prefix cache; the
+    gateway reports the same cached tokens as vLLM's server (each on its own engine, sent the
+    same requests), in whole 32-token blocks."""
+    first = conversation(7, system="You are MangaAssist (cache check), a manga shop assistant.")
+    second = [*first, {"role": "assistant", "content": MANGA_CORPUS_EN[3]},
+              {"role": "user", "content": MANGA_CORPUS_JA[4]}]
+    reports = []
+    for server in (gateway, vllm):
+        before = chat(server, model="tiny-llama3", messages=first, max_tokens=4, temperature=0)
+        after = chat(server, model="tiny-llama3", messages=second, max_tokens=4, temperature=0)
+        reports.append((before["usage"], after["usage"]))
+    (gateway_first, gateway_second), (vllm_first, vllm_second) = reports
+    cached = gateway_second["prompt_tokens_details"]["cached_tokens"]
+    assert gateway_first["prompt_tokens_details"]["cached_tokens"] == (
+        vllm_first["prompt_tokens_details"]["cached_tokens"])
+    assert cached == vllm_second["prompt_tokens_details"]["cached_tokens"]
+    assert gateway_first["prompt_tokens"] - ENGINE.block_size < cached
+    assert cached % ENGINE.block_size == 0
