@@ -31,8 +31,8 @@ Pure module: standard library, :mod:`context_window` and :mod:`capacity_model.de
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from capacity_model.demand import ContextWindow, DemandError
@@ -58,12 +58,20 @@ class PromptLayout:
     opening_tokens: int = 1
     generation_header_tokens: int = 4
     marker_tokens: int = 20
+    marker_tokens_for: Callable[[int], int] | None = field(default=None, compare=False)
+    """The marker's size for a count of dropped messages, when it depends on the count (the
+    served tokenizer's); default: ``marker_tokens`` whatever the count."""
 
     def __post_init__(self) -> None:
         for name in ("system_tokens", "opening_tokens", "generation_header_tokens",
                      "marker_tokens"):
             if getattr(self, name) < 0:
                 raise DemandError(f"prompt layout {name}: {getattr(self, name)}; accepted: >= 0")
+
+    def marker(self, dropped: int) -> int:
+        """The truncation marker's tokens when ``dropped`` messages are not shown."""
+        return self.marker_tokens if self.marker_tokens_for is None else self.marker_tokens_for(
+            dropped)
 
     @property
     def fixed_tokens(self) -> int:
@@ -188,7 +196,7 @@ def _prompt(turns: Sequence[ChatTurn], index: int, layout: PromptLayout,
         raise DemandError(f"turn {index + 1}: the system prompt and the message need "
                           f"{layout.system_tokens + current.user_tokens:,} tokens, the window "
                           f"leaves {prompt_budget:,}")
-    marker_reserve = layout.marker_tokens if history else 0
+    marker_reserve = layout.marker(len(history)) if history else 0
     rag_room = min(math.floor(geometry.window.rag * geometry.max_model_len),
                    remaining - marker_reserve)
     rag = current.rag_tokens if 0 < current.rag_tokens <= rag_room else 0
@@ -200,7 +208,7 @@ def _prompt(turns: Sequence[ChatTurn], index: int, layout: PromptLayout,
     segments: list[Segment] = [("opening", layout.opening_tokens),
                                ("system", layout.system_tokens)]
     if first:
-        segments.append((f"marker:{first}", layout.marker_tokens))
+        segments.append((f"marker:{first}", layout.marker(first)))
     for position in range(first, len(history)):
         role = "user" if position % 2 == 0 else "answer"
         if role == "answer":
@@ -213,16 +221,19 @@ def _prompt(turns: Sequence[ChatTurn], index: int, layout: PromptLayout,
         segments.append((f"rag:{index}", rag))
     segments.append((f"user:{2 * index}", current.user_tokens))
     segments.append(("generation-header", layout.generation_header_tokens))
-    kept = sum(history[first:]) + (layout.marker_tokens if first else 0)
+    kept = sum(history[first:]) + (layout.marker(first) if first else 0)
     return segments, kept, rag, first
 
 
 def replay(turns: Sequence[ChatTurn], layout: PromptLayout, geometry: Geometry, *,
-           shared_system: bool = True) -> list[TurnReuse]:
+           shared_system: bool = True, answers_as_generated: bool = True) -> list[TurnReuse]:
     """Each turn's prompt and prefix-cache hit, on one engine that served every turn.
 
     ``shared_system``: the system prompt is cached before the first turn (other conversations
     of the product use it); False for a conversation replayed alone on a fresh engine.
+    ``answers_as_generated``: the history carries each answer exactly as the engine generated
+    it (a client sending back what it received); False when the caller substitutes its own text
+    (the engine's blocks of the answer then match nothing).
     """
     if not turns:
         raise DemandError("replay: at least one turn is required")
@@ -250,7 +261,8 @@ def replay(turns: Sequence[ChatTurn], layout: PromptLayout, geometry: Geometry, 
             rag_tokens=rag, dropped_messages=first, step=first != previous_first))
         previous_first = first
         generated = turn.answer_tokens - layout.generation_header_tokens
-        stream = [*segments, (f"answer:{2 * index + 1}", generated)]
+        name = "answer" if answers_as_generated else "generated"
+        stream = [*segments, (f"{name}:{2 * index + 1}", generated)]
         # The last generated token is sampled, never fed back: its KV is not computed.
         computed.append((stream, prompt_tokens + generated - 1))
     return results
@@ -324,37 +336,40 @@ def _require(data: Any, key: str, where: str) -> Any:
     return data[key]
 
 
-def measured_inputs(document: dict[str, Any]) -> tuple[list[ChatTurn], PromptLayout, Geometry]:
-    """The conversation, template and window a replay file (``config/prefix_reuse.json``)
-    describes: each turn's new messages (the previous answer, then the new user message; the
-    first turn has only its message), the template's token costs, the engine's block size and
-    the gateway's window."""
+def measured_inputs(document: dict[str, Any], *, system_overhead: int, user_overhead: int,
+                    answer_overhead: int, layout: PromptLayout,
+                    max_tokens: int) -> tuple[list[ChatTurn], Geometry]:
+    """The conversation and window a replay file (``config/prefix_reuse.json``, written by
+    ``benchmarks/conversation_replay.py``) describes: per turn the *content* tokens of its new
+    messages (the previous answer — the system prompt on the first turn — then the question),
+    to which the chat template adds each role's overhead; the engine's block size and the
+    gateway's window. ``layout`` carries the template's fixed parts and the system prompt."""
     engine = _require(document, "engine", "replay")
     split = _require(document, "window", "replay")
-    template = _require(document, "template", "replay")
     rows = _require(document, "turns", "replay")
     window = ContextWindow(system=split["system"], rag=split["rag"], history=split["history"],
                            output=split["output"], step_turns=split["step_turns"])
     geometry = Geometry(max_model_len=engine["max_model_len"], window=window,
-                        block_size=engine["block_size"], max_tokens=split.get("max_tokens"))
-    layout = PromptLayout(system_tokens=template["system_tokens"],
-                          opening_tokens=template["opening_tokens"],
-                          generation_header_tokens=template["generation_header_tokens"],
-                          marker_tokens=template["marker_tokens"])
-    users = [row["new_message_tokens"][-1] for row in rows]
-    answers = [row["new_message_tokens"][0] for row in rows[1:]]
-    last_answer = template.get("last_answer_tokens", answers[-1] if answers else
-                               layout.generation_header_tokens + 1)
+                        block_size=engine["block_size"], max_tokens=max_tokens)
+    system = rows[0]["new_message_tokens"][0] + system_overhead
+    if system != layout.system_tokens:
+        raise DemandError(f"replay: the file's system prompt is {system} tokens with its "
+                          f"overhead, the layout says {layout.system_tokens}")
+    users = [row["new_message_tokens"][1] + user_overhead for row in rows]
+    answers = [row["new_message_tokens"][0] + answer_overhead for row in rows[1:]]
+    answers.append(answers[-1] if answers else layout.generation_header_tokens + 1)
     turns = [ChatTurn(user, answer, row.get("rag_tokens", 0))
-             for user, answer, row in zip(users, [*answers, last_answer], rows, strict=True)]
-    return turns, layout, geometry
+             for user, answer, row in zip(users, answers, rows, strict=True)]
+    return turns, geometry
 
 
-def compare_with_measured(document: dict[str, Any]) -> list[TurnComparison]:
+def compare_with_measured(document: dict[str, Any], turns: Sequence[ChatTurn],
+                          layout: PromptLayout, geometry: Geometry, *,
+                          answers_as_generated: bool) -> list[TurnComparison]:
     """The prediction (:func:`replay` of the file's conversation, alone on a fresh engine) next
     to what the engine reported for each turn."""
-    turns, layout, geometry = measured_inputs(document)
-    predicted = replay(turns, layout, geometry, shared_system=False)
+    predicted = replay(turns, layout, geometry, shared_system=False,
+                       answers_as_generated=answers_as_generated)
     return [TurnComparison(turn=row["turn"], prompt_tokens=row["prompt_tokens"],
                            measured_cached_tokens=row["cached_tokens"],
                            predicted_cached_tokens=mine.cached_tokens,
