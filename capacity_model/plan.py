@@ -187,13 +187,17 @@ class LlmCapacity:
         return self.conversation_options[0]
 
     def gateway_environment(self) -> dict[str, str]:
-        """What the gateway must be told so that it admits exactly what this plan sized."""
-        return {
+        """What the gateway must be told so that it admits exactly what this plan sized (and,
+        with sessions, pins conversations for the TTL the plan counted)."""
+        environment = {
             "GATEWAY_BUCKET_CAPS": self.instance.gateway_bucket_caps(),
             "GATEWAY_ADMISSION_WATERMARK": f"{self.instance.admission_watermark:g}",
             "GATEWAY_CONTEXT_SPLIT": self.window.as_env(),
             "GATEWAY_CONTEXT_STEP_TURNS": str(self.window.step_turns),
         }
+        if self.reuse.sessions:
+            environment["GATEWAY_SESSION_TTL_S"] = str(self.reuse.session_ttl_s)
+        return environment
 
     def session_effects(self) -> tuple[PinningSpread, ScaleEffects]:
         """What pinning conversations does at this plan's target: the load spread across the
