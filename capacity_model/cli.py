@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print an environment's LLM capacity plan")
     plan.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pools = sub.add_parser("pools", help="seed 002's long/short pools against one pool, priced")
+    pools = sub.add_parser("pools", help="separate long/short pools against one pool, priced "
+                           "(docs/design-decisions.md#separate-pools)")
     pools.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     pools.add_argument("--faster", default="ml.g6e.xlarge",
                        help="the larger GPU instance an option moves pools to (default: "

@@ -76,7 +76,7 @@ from gpu_budget import MemoryPlan
 
 BISECTION_STEPS = 30
 SESSIONS_OFF_ROUNDS = 6
-LLAMA3_LAYOUT = {"opening_tokens": 1, "generation_header_tokens": 4, "marker_tokens": 20}
+LLAMA3_OPENING, LLAMA3_HEADER, LLAMA3_MARKER = 1, 4, 20
 """Llama 3's chat template: ``<|begin_of_text|>`` opens the prompt, the assistant header
 (``<|start_header_id|>assistant<|end_header_id|>`` + a blank line, 4 tokens) ends it and opens
 every answer; the truncation marker message is about 20 tokens."""
@@ -240,7 +240,8 @@ def conversation_reuse(conversation: Conversation, window: ContextWindow,
     retrieved context on every turn) through the gateway's window on ``plan``'s engine."""
     geometry = Geometry(max_model_len=plan.max_model_len, window=window,
                         block_size=plan.block_size)
-    layout = PromptLayout(system_tokens=conversation.system_tokens, **LLAMA3_LAYOUT)
+    layout = PromptLayout(system_tokens=conversation.system_tokens, opening_tokens=LLAMA3_OPENING,
+                          generation_header_tokens=LLAMA3_HEADER, marker_tokens=LLAMA3_MARKER)
     turns = uniform_turns(conversation.turns, user_tokens=conversation.tokens_per_turn,
                           answer_tokens=conversation.tokens_per_turn,
                           rag_tokens=conversation.rag_tokens)

@@ -1,4 +1,5 @@
-"""Seed 002's separate pools for long and short requests, priced with the capacity model.
+"""Separate pools for long and short requests, priced with the capacity model
+(docs/design-decisions.md#separate-pools).
 
 The ops article behind the request buckets recommends separating "long-context and short-query
 traffic into different pools" (docs/design-decisions.md#watch-memory-queue-ttft). What that buys

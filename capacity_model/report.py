@@ -111,8 +111,9 @@ def format_conversation_load(capacity: LlmCapacity) -> list[str]:
     if load is None:
         return ["  as the whole load             not servable within the SLOs on this GPU"]
     latency = load.capacity.bucket_latency[0]
+    turns = "turn" if load.in_flight == 1 else "turns"
     return [
-        f"  as the whole load             {load.in_flight} turns in flight within the SLOs "
+        f"  as the whole load             {load.in_flight} {turns} in flight within the SLOs "
         f"(the pool holds {load.in_flight_kv}; limited by {load.capacity.limited_by}): TTFT p99 "
         f"{latency.time_to_first_token_p99_ms:,.0f} ms, {load.mean_cached_tokens:,.0f} of "
         f"{load.mean_prompt_tokens:,.0f} prompt tokens cached, ≈{load.open_conversations:,.0f} "
@@ -194,7 +195,7 @@ def format_capacity(capacity: LlmCapacity) -> str:
 
 
 def format_pools(options: Sequence[PoolOption]) -> str:
-    """Seed 002's pool options side by side (a Markdown table)."""
+    """The pool options side by side (a Markdown table)."""
     lines = [
         "| option | pools (instance: per instance, night–day floors, avg instances) | night "
         "min | XL TTFT p99 | per month (expected day) |",

@@ -31,7 +31,8 @@ def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) ->
         f"counted                       {capacity.reuse.history_reuse:.1%}",
         f"session TTL                   {capacity.reuse.session_ttl_s} s",
         f"XL p99 {capacity.instance.latency_of('XL').time_to_first_token_p99_ms:,.0f} ms",
-        f"{capacity.conversation_load.in_flight} turns in flight within the SLOs",
+        f"{capacity.conversation_load.in_flight} turn",
+        "in flight within the SLOs",
     ):
         assert fragment in out, fragment
 

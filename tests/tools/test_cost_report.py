@@ -22,6 +22,7 @@ from tools.scaling_sim.template import ScalingSetup, TargetTrackingPolicy
 from tools.scaling_sim.traces import Trace, week_trace
 
 HOURS_PER_MONTH = 730
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JST = dt.timezone(dt.timedelta(hours=9))
 
 
@@ -125,6 +126,17 @@ def test_make_cost_on_the_synthesized_prod(synthesized, tmp_path: Path,  # type:
     for point in points.values():
         assert f"**${point['monthly_usd']:,.0f}**" in out
     assert (tmp_path / "cost-prod-range.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # docs/capacity.md quotes the range table as printed, the README its prices.
+    capacity_doc = (REPO_ROOT / "docs" / "capacity.md").read_text(encoding="utf-8").splitlines()
+    range_rows = [line for line in out.split("### The LLM's price across")[1].splitlines()
+                  if line.startswith("| ") and "sized at" not in line]
+    assert len(range_rows) == 5
+    assert [row for row in range_rows if row not in capacity_doc] == []
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    for figure in (llm["monthly_usd"], costs["intent"]["monthly_usd"],
+                   llm["monthly_usd"] + costs["intent"]["monthly_usd"],
+                   *(p["monthly_usd"] for p in points.values())):
+        assert f"**${figure:,.0f}**" in readme, figure
 
 
 def test_a_missing_assembly_is_one_line(tmp_path: Path,
