@@ -83,6 +83,11 @@ def format_reuse(capacity: LlmCapacity) -> list[str]:
     ]
 
 
+def _instances(capacity: LlmCapacity) -> str:
+    count = capacity.fleet.business_hours.min_capacity
+    return f"{count} instance{'' if count == 1 else 's'}"
+
+
 def format_sessions(capacity: LlmCapacity) -> list[str]:
     """What pinning does to spread and scaling, and the TTL that follows."""
     spread, effects = capacity.session_effects()
@@ -96,8 +101,8 @@ def format_sessions(capacity: LlmCapacity) -> list[str]:
         f"  load spread at the target     {spread.sessions_per_instance:,.0f} sessions per "
         f"instance, each busy {spread.active_share:.0%} of the time: p99 in flight "
         f"{spread.p99_over_mean_pinned:.2f}× the mean pinned vs "
-        f"{spread.p99_over_mean_pooled:.2f}× pooled over "
-        f"{capacity.fleet.business_hours.min_capacity} instances; above the sustainable "
+        f"{spread.p99_over_mean_pooled:.2f}× pooled over {_instances(capacity)}; above the "
+        "sustainable "
         f"{spread.overload_share_pinned:.1%} vs {spread.overload_share_pooled:.1%} of the time",
         f"  scale-out / scale-in          new instances take only new and re-opened sessions "
         f"(all within {effects.drain_s} s); a removed instance's sessions re-prefill "
