@@ -97,6 +97,7 @@ class GatewayRuntime:
             AdmissionLedger(KvCapacity(num_blocks=1, block_size=settings.engine.block_size),
                             watermark=gateway.admission_watermark,
                             bucket_caps=gateway.buckets.caps),
+            ttft_slo_s=gateway.ttft_slo_s, max_running=settings.engine.max_num_seqs,
             clock=clock,
         )
         self.events = EngineEvents(settings, admission=self.admission, tokenizer=tokenizer,

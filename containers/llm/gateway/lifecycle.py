@@ -35,7 +35,7 @@ from gateway.settings import Settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
-from gateway.warmup import WARMUP_HEADER, run_warmup, warmup_requests
+from gateway.warmup import WARMUP_HEADER, calibration_batch, run_warmup, warmup_requests
 
 FatalCallback = Callable[[str, bool], None]
 """Told once when the process should stop: the reason, and whether the settings caused it."""
@@ -138,7 +138,8 @@ class GatewayLifecycle:
                 ok = await run_warmup(client, requests,
                                       headers={WARMUP_HEADER: self.warmup_token},
                                       progress=self._set_warmup_progress,
-                                      log=self.telemetry.log)
+                                      log=self.telemetry.log,
+                                      batch=calibration_batch(self.settings))
                 if ok:
                     self.warmed_up = True
                     self.telemetry.log("warmup_complete", progress=self.warmup_progress)
@@ -184,7 +185,22 @@ class GatewayLifecycle:
             engine_phase=self.supervisor.phase.value, engine_generation=generation,
             token_cache_tokens=self.tokenizer.cache.cached_tokens,
             token_cache_entries=len(self.tokenizer.cache),
+            **self.admission_model(),
         )
+
+    def admission_model(self) -> dict[str, Any]:
+        """What admission has learned of the engine (on the gauge line, for operators)."""
+        admission = self.admission
+        intercept, slope = admission.steps.line()
+        ratio = admission.forecasts.ratio_p90()
+        return {
+            "step_ms_at_1": round(1000 * (intercept + slope), 3),
+            "step_ms_per_sequence": round(1000 * slope, 4),
+            "prefill_tokens_per_s": round(admission.prefill.tokens_per_s),
+            "typical_answer_tokens": admission.lengths.typical(),
+            "forecast_ttft_ratio_p90": None if ratio is None else round(ratio, 3),
+            "forecasts_late": admission.forecasts.late,
+        }
 
     # --- /ping ---
     def adapter_status(self) -> dict[str, str]:

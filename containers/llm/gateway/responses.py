@@ -114,8 +114,9 @@ async def sse(run: ChatRun, *, on_done: RequestDone) -> AsyncIterator[bytes]:
         finish: FinishEvent | None = None
         async for event in run.events():
             if isinstance(event, TextEvent):
-                sent_text = True
-                yield chunk(ChunkDelta(content=event.text))
+                if event.text:
+                    sent_text = True
+                    yield chunk(ChunkDelta(content=event.text))
             else:
                 finish = event
         if finish is None:  # defensive: run() always ends with a FinishEvent

@@ -20,10 +20,12 @@ from typing import Any
 from gateway.admission import (
     AdmissionController,
     AdmissionRejected,
+    AdmissionRequest,
     KvReservation,
     LengthBucket,
     RefusalReason,
     classify_bucket,
+    retry_after_header,
 )
 from gateway.api_schema import (
     ChatCompletionRequest,
@@ -468,7 +470,8 @@ class ChatService:
         return prepared.bucket is LengthBucket.XL and self.breaker.refuses_xl(self.clock())
 
     async def admit(self, prepared: PreparedChat) -> Admission:
-        """Wait (bounded) for a ready engine and a KV reservation; ApiError 429/503 if none."""
+        """A ready engine and a KV reservation: refused at once (ApiError 429 with Retry-After)
+        when the forecast first token would miss the TTFT SLO, else queued until dispatched."""
         gateway = self.settings.gateway
         record = prepared.record
         started = self.clock()
@@ -483,25 +486,20 @@ class ChatService:
                            code="engine_unavailable", headers=retry)
         generation = self.supervisor.generation
         remaining = max(0.0, wait_s - (self.clock() - started))
+        request = AdmissionRequest(bucket=prepared.bucket,
+                                   prompt_tokens=prepared.prompt.num_tokens,
+                                   max_tokens=prepared.params.max_tokens)
         try:
             reservation = await self.admission.acquire(
-                prepared.bucket, prepared.reserved_tokens, wait_s=remaining,
-                max_total_inflight=lambda: self.breaker.max_inflight(self.clock()),
-            )
+                request, max_wait_s=remaining,
+                max_total_inflight=lambda: self.breaker.max_inflight(self.clock()))
         except AdmissionRejected as rejected:
             record.queue_wait_s = self.clock() - started
-            if rejected.reason in (RefusalReason.KV_WATERMARK, RefusalReason.BUCKET_CAP):
-                raise ApiError(
-                    429, f"the gateway is at capacity for {rejected.bucket.value} requests "
-                         f"({rejected.reason.value}); retry in {gateway.retry_after_s} s",
-                    type_="rate_limit_error", code=rejected.reason.value, headers=retry,
-                ) from None
-            raise ApiError(503, f"the gateway is recovering from an engine failure "
-                                f"({rejected.reason.value}); retry in {gateway.retry_after_s} s",
-                           type_="service_unavailable", code=rejected.reason.value,
-                           headers=retry) from None
+            record.forecast_ttft_s = rejected.forecast_ttft_s
+            raise self._refusal(rejected) from None
         now = self.clock()
         record.queue_wait_s = now - started
+        record.forecast_ttft_s = reservation.forecast_ttft_s
         if self.supervisor.engine is not engine or self.supervisor.generation != generation:
             # The engine died while this request waited for KV room: try the new one later.
             self.admission.release(reservation)
@@ -510,6 +508,28 @@ class ChatService:
                            type_="service_unavailable", code="engine_unavailable", headers=retry)
         return Admission(reservation=reservation, engine=engine, generation=generation,
                          admitted_at=now)
+
+    def _refusal(self, rejected: AdmissionRejected) -> ApiError:
+        """The 429 (no room within the SLO) or 503 (recovering) for a refused request."""
+        gateway = self.settings.gateway
+        retry_after = retry_after_header(rejected.retry_after_s, gateway.retry_after_s)
+        headers = {"Retry-After": retry_after}
+        if rejected.reason is RefusalReason.TTFT_SLO:
+            return ApiError(
+                429, f"the gateway is at capacity: a {rejected.bucket.value} request's first "
+                     f"token would come in {rejected.forecast_ttft_s:.1f} s, later than the "
+                     f"{self.admission.ttft_slo_s:g} s it must come within; retry in "
+                     f"{retry_after} s", type_="rate_limit_error", code=rejected.reason.value,
+                headers=headers)
+        if rejected.reason is RefusalReason.QUEUE_TIMEOUT:
+            return ApiError(429, f"the gateway is at capacity for {rejected.bucket.value} "
+                                 f"requests (waited {rejected.waited_s:.1f} s); retry in "
+                                 f"{retry_after} s", type_="rate_limit_error",
+                            code=rejected.reason.value, headers=headers)
+        return ApiError(503, f"the gateway is recovering from an engine failure "
+                             f"({rejected.reason.value}); retry in {retry_after} s",
+                        type_="service_unavailable", code=rejected.reason.value,
+                        headers=headers)
 
     # --- generate and contain ---
     async def run(self, prepared: PreparedChat, admission: Admission
@@ -537,14 +557,17 @@ class ChatService:
                                      prepared.route.adapter)
             try:
                 async for delta in stream:
-                    if record.ttft_s is None and delta.token_ids:
+                    first_token = record.ttft_s is None and bool(delta.token_ids)
+                    if first_token:
                         record.ttft_s = self.clock() - admission.admitted_at
                     if delta.cached_tokens is not None:
                         record.cached_tokens = delta.cached_tokens
+                    self.admission.progress(admission.reservation, len(delta.token_ids),
+                                            cached_tokens=delta.cached_tokens)
                     record.completion_tokens += len(delta.token_ids)
                     record.mark_tokens(self.clock(), len(delta.token_ids))
-                    if delta.text:
-                        yield TextEvent(delta.text)
+                    if delta.text or first_token:  # a stream starts at the first token, as
+                        yield TextEvent(delta.text)  # vLLM's does, even if it shows no text yet
                     if delta.finish_reason is not None:
                         finish_reason = delta.finish_reason
             finally:
@@ -579,7 +602,12 @@ class ChatService:
             yield self._fallback(record, "engine_error", str(error), prepared.language)
         finally:
             timer.cancel()
-            self.admission.release(admission.reservation)
+            # Real answers teach admission how long answers are (warmup's are short on purpose).
+            answered = (record.finish_reason in ("stop", "length") and not deadline_hit
+                        and record.outcome != "fallback" and not record.warmup)
+            self.admission.release(admission.reservation,
+                                   completion_tokens=record.completion_tokens if answered else None,
+                                   capped=record.finish_reason == "length")
 
     def _fallback(self, record: RequestRecord, reason: str, detail: str,
                   language: str) -> FinishEvent:

@@ -104,8 +104,13 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     # --- admission --------------------------------------------------------------------------------
     SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
                 "Share of the engine's KV blocks that admitted requests may reserve, (0, 1]."),
-    SettingSpec("GATEWAY_ADMISSION_WAIT_S", "2.0",
-                "How long a request may wait for KV room or a bucket slot before 429."),
+    SettingSpec("GATEWAY_TTFT_SLO_S", "2.0",
+                "The time-to-first-token SLO admission serves within: a request whose forecast "
+                "first token would come later is refused at once with 429 and a Retry-After "
+                "(docs/design-decisions.md#ttft-admission)."),
+    SettingSpec("GATEWAY_ADMISSION_WAIT_S", "10",
+                "Safety net: an admitted request still queued after this long (its forecast was "
+                "wrong) gets 429 instead of waiting on."),
     SettingSpec("GATEWAY_RETRY_AFTER_S", "2", "Retry-After (seconds) on 429/503 answers."),
     SettingSpec("GATEWAY_BUCKET_CAPS", "S=128,M=64,L=32,XL=8",
                 "Concurrent requests allowed per bucket; the buckets (prompt + max output "
@@ -242,6 +247,7 @@ class GatewaySettings:
     max_messages: int
     max_body_bytes: int
     admission_watermark: float
+    ttft_slo_s: float
     admission_wait_s: float
     retry_after_s: int
     buckets: BucketPolicy
@@ -541,6 +547,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         max_body_bytes=reader.integer("GATEWAY_MAX_BODY_BYTES", minimum=1024),
         admission_watermark=reader.number("GATEWAY_ADMISSION_WATERMARK", low=0.0, high=1.0,
                                           low_open=True),
+        ttft_slo_s=reader.number("GATEWAY_TTFT_SLO_S", low=0.05, high=59.0),
         admission_wait_s=reader.number("GATEWAY_ADMISSION_WAIT_S", low=0.0, high=59.0),
         retry_after_s=reader.integer("GATEWAY_RETRY_AFTER_S", minimum=1, maximum=3600),
         buckets=_parse_buckets(reader, engine.max_model_len),

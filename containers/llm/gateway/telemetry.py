@@ -17,6 +17,7 @@ own documents around that check, so it is not used here.)
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -59,6 +60,8 @@ class RequestRecord:
     dropped_turns: int = 0
     rag_chunks_dropped: int = 0
     queue_wait_s: float | None = None
+    forecast_ttft_s: float | None = None
+    """Admission's forecast of the time to first token (arrival to first token)."""
     ttft_s: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -121,6 +124,8 @@ class RequestRecord:
                           rag_chunks_dropped=self.rag_chunks_dropped)
         if self.queue_wait_s is not None:
             fields["queue_wait_ms"] = round(self.queue_wait_s * 1000, 3)
+        if self.forecast_ttft_s is not None and math.isfinite(self.forecast_ttft_s):
+            fields["forecast_ttft_ms"] = round(self.forecast_ttft_s * 1000, 3)
         if self.ttft_s is not None:
             fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
         if self.tpot_s is not None:

@@ -6,12 +6,15 @@ context budget, admission, engine, response formatting — everything but the so
 medium and a long conversation for the base model and for every adapter, one request routed by
 intent and locale, and one streaming request. The long one overflows the history budget, so the
 sliding window and its marker run too. Only when every answer is a 200 that is not a fallback
-does /ping say healthy. Warmup requests carry a per-process secret header so they are logged but
-not counted in the request metrics.
+does /ping say healthy. Then a batch of short requests runs concurrently, so that admission
+measures how an engine step slows as more sequences run (gateway.forecast.StepModel) before the
+first real burst has to be forecast. Warmup requests carry a per-process secret header so they
+are logged but not counted in the request metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +28,9 @@ LogCallback = Callable[..., None]
 
 WARMUP_HEADER = "x-mangaassist-warmup"
 _TOKENS_PER_MESSAGE = 80
+CALIBRATION_BATCH = 16
+"""Concurrent warmup requests (at most ENGINE_MAX_NUM_SEQS): the batch admission learns from."""
+CALIBRATION_TOKENS = 24
 
 
 def _message(index: int, tokens_target: int, count: Callable[[str], int]) -> str:
@@ -90,10 +96,35 @@ def warmup_requests(settings: Settings, *, served_names: Sequence[str],
     return requests
 
 
+def calibration_batch(settings: Settings) -> list[dict[str, Any]]:
+    """Short, distinct requests to send at once (see the module docstring)."""
+    size = min(CALIBRATION_BATCH, settings.engine.max_num_seqs)
+    return [{"model": settings.gateway.served_model_name, "max_tokens": CALIBRATION_TOKENS,
+             "messages": [{"role": "user", "content": f"({index}) "
+                           f"{MANGA_CORPUS_EN[index % len(MANGA_CORPUS_EN)]} "
+                           f"{MANGA_CORPUS_JA[index % len(MANGA_CORPUS_JA)]}"}]}
+            for index in range(size)]
+
+
+async def run_calibration(client: httpx.AsyncClient, batch: Sequence[dict[str, Any]], *,
+                          headers: dict[str, str], log: LogCallback) -> bool:
+    """Send ``batch`` at once; True unless an answer is neither 200 nor 429 (admission may
+    refuse part of it on a small pool, which is admission working, not a failed warmup)."""
+    responses = await asyncio.gather(
+        *(client.post("/invocations", json=body, headers=headers) for body in batch),
+        return_exceptions=True)
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in responses]
+    if any(status not in (200, 429) for status in statuses) or 200 not in statuses:
+        log("warmup_failed", level="warning", request="calibration batch", statuses=statuses)
+        return False
+    return True
+
+
 async def run_warmup(client: httpx.AsyncClient, requests: Sequence[tuple[str, dict[str, Any]]],
                      *, headers: dict[str, str], progress: Callable[[str], None],
-                     log: LogCallback) -> bool:
-    """Send every warmup request; True when all answered 200 without a fallback."""
+                     log: LogCallback, batch: Sequence[dict[str, Any]] = ()) -> bool:
+    """Send every warmup request, then ``batch`` at once; True when all answered 200 without
+    a fallback (the batch: see :func:`run_calibration`)."""
     for done, (label, body) in enumerate(requests):
         progress(f"warmup {done}/{len(requests)} requests ({label} next)")
         try:
@@ -106,6 +137,11 @@ async def run_warmup(client: httpx.AsyncClient, requests: Sequence[tuple[str, di
         if response.status_code != 200 or fallback or not complete:
             log("warmup_failed", level="warning", request=label, status=response.status_code,
                 fallback=fallback, body=response.text[:300])
+            return False
+    if batch:
+        progress(f"warmup {len(requests)}/{len(requests)} requests; a batch of {len(batch)} at "
+                 "once next")
+        if not await run_calibration(client, batch, headers=headers, log=log):
             return False
     progress(f"warmup {len(requests)}/{len(requests)} requests done")
     return True

@@ -1,8 +1,10 @@
-"""KV-aware admission: block rounding, buckets, watermark, caps, bounded waits."""
+"""KV-aware admission: block rounding, buckets, watermark, caps; refusals on arrival from the
+first-token forecast, first-come-first-served dispatch, and what the streams teach it."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -10,12 +12,17 @@ from gateway.admission import (
     AdmissionController,
     AdmissionLedger,
     AdmissionRejected,
+    AdmissionRequest,
+    ForecastStats,
+    KvReservation,
     LengthBucket,
     RefusalReason,
     blocks_for_tokens,
     classify_bucket,
+    retry_after_header,
 )
 from gateway.engines.base import KvCapacity
+from gateway.forecast import StepPrior
 from request_buckets import bucket_bounds
 
 BOUNDS = bucket_bounds(4096)  # S ≤ 512, M ≤ 1,024, L ≤ 2,048
@@ -72,49 +79,211 @@ def test_capacity_comes_from_the_engine_and_can_change() -> None:
     assert book.blocks_for(4096) == 256
 
 
-def test_waiter_is_admitted_when_room_frees() -> None:
-    async def scenario() -> float:
-        controller = AdmissionController(ledger(blocks=100))
-        held = await controller.acquire(LengthBucket.L, 80 * 16, wait_s=0.1)
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.05, controller.release, held)
-        started = loop.time()
-        second = await controller.acquire(LengthBucket.L, 80 * 16, wait_s=2.0)
-        controller.release(second)
-        return loop.time() - started
-
-    waited = asyncio.run(scenario())
-    assert 0.04 <= waited < 1.0
+def controller(blocks: int = 100, *, slo_s: float = 2.0, watermark: float = 0.9,
+               max_running: int = 64) -> AdmissionController:
+    """A controller whose forecast believes 10 ms per engine step and instant prefills."""
+    made = AdmissionController(ledger(blocks=blocks, watermark=watermark), ttft_slo_s=slo_s,
+                               max_running=max_running,
+                               prior=StepPrior(step_s=0.010, step_s_per_sequence=0.0,
+                                               prefill_tokens_per_s=1e9))
+    return made
 
 
-def test_waiter_is_shed_after_the_wait() -> None:
-    async def scenario() -> AdmissionRejected:
-        controller = AdmissionController(ledger(blocks=100))
-        await controller.acquire(LengthBucket.L, 80 * 16, wait_s=0.1)
+def request(tokens: int, max_tokens: int = 100, bucket: LengthBucket = LengthBucket.L
+            ) -> AdmissionRequest:
+    return AdmissionRequest(bucket=bucket, prompt_tokens=tokens - max_tokens,
+                            max_tokens=max_tokens)
+
+
+def test_a_request_that_fits_is_dispatched_at_once() -> None:
+    async def scenario() -> tuple[KvReservation, float]:
+        admission = controller()
+        reservation = await admission.acquire(request(1000), max_wait_s=1.0)
+        return reservation, admission.forecasts.samples
+
+    reservation, _ = asyncio.run(scenario())
+    assert reservation.blocks == 63  # 1000 tokens in blocks of 16
+    assert reservation.forecast_ttft_s == pytest.approx(0.010, rel=1e-3)
+
+
+def test_a_request_that_would_miss_the_slo_is_refused_at_once_with_a_retry_after() -> None:
+    async def scenario() -> tuple[AdmissionRejected, float, int]:
+        admission = controller(slo_s=0.5)
+        held = await admission.acquire(request(1300), max_wait_s=1.0)  # 82 of 90 blocks
+        # Queued behind it: its first token after the running one's 100 tokens (1 s) > 0.5 s.
+        started = time.perf_counter()
         with pytest.raises(AdmissionRejected) as caught:
-            await controller.acquire(LengthBucket.L, 80 * 16, wait_s=0.1)
-        assert controller.waiting == 0
+            await admission.acquire(request(1300), max_wait_s=5.0)
+        elapsed = time.perf_counter() - started
+        admission.release(held)
+        return caught.value, elapsed, admission.waiting
+
+    rejected, elapsed, waiting = asyncio.run(scenario())
+    assert rejected.reason is RefusalReason.TTFT_SLO
+    assert elapsed < 0.05 and rejected.waited_s == 0.0  # refused on arrival, not after a wait
+    assert rejected.forecast_ttft_s == pytest.approx(100 * 0.010 + 0.010, rel=1e-3)
+    assert rejected.retry_after_s == pytest.approx(0.51, rel=1e-3)
+    assert retry_after_header(rejected.retry_after_s, 1) == "1"
+    assert retry_after_header(120.0, 1) == "60" and retry_after_header(None, 2) == "2"
+    assert waiting == 0
+
+
+def test_queued_requests_are_dispatched_first_come_first_served() -> None:
+    async def scenario() -> list[int]:
+        admission = controller(slo_s=10.0)
+        held = await admission.acquire(request(1300), max_wait_s=1.0)
+        order: list[int] = []
+
+        async def queued(index: int) -> None:
+            reservation = await admission.acquire(request(1300), max_wait_s=5.0)
+            order.append(index)
+            await asyncio.sleep(0.005)
+            admission.release(reservation)
+
+        tasks = [asyncio.create_task(queued(i)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        assert admission.waiting == 4
+        admission.release(held)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 3]
+
+
+def test_a_request_queued_past_the_safety_net_is_shed() -> None:
+    async def scenario() -> AdmissionRejected:
+        admission = controller(slo_s=10.0)
+        await admission.acquire(request(1300), max_wait_s=1.0)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(request(1300), max_wait_s=0.05)
+        assert admission.waiting == 0
         return caught.value
 
     rejected = asyncio.run(scenario())
-    assert rejected.reason is RefusalReason.KV_WATERMARK
-    assert rejected.bucket is LengthBucket.L
-    assert rejected.waited_s >= 0.09
+    assert rejected.reason is RefusalReason.QUEUE_TIMEOUT
+    assert rejected.waited_s >= 0.04
 
 
-def test_many_waiters_all_complete_without_leaks() -> None:
+def test_half_open_probes_and_never_fitting_requests_are_refused_at_once() -> None:
+    async def scenario() -> list[RefusalReason]:
+        admission = controller()
+        await admission.acquire(request(100, 10), max_wait_s=1.0)
+        reasons = []
+        for tokens, limit in ((100, 1), (91 * 16, None)):
+            with pytest.raises(AdmissionRejected) as caught:
+                await admission.acquire(request(tokens, 10), max_wait_s=1.0,
+                                        max_total_inflight=lambda limit=limit: limit)
+            reasons.append(caught.value.reason)
+        return reasons
+
+    assert asyncio.run(scenario()) == [RefusalReason.PROBE_LIMIT, RefusalReason.NEVER_FITS]
+
+
+def test_the_streams_teach_the_step_time_and_the_answer_lengths() -> None:
+    clock = FakeClock()
+
     async def scenario() -> AdmissionController:
-        controller = AdmissionController(ledger(blocks=64, watermark=1.0))
+        admission = AdmissionController(ledger(blocks=1000), ttft_slo_s=2.0, max_running=64,
+                                        clock=clock)
+        reservations = [await admission.acquire(request(200, 100, LengthBucket.S),
+                                                max_wait_s=1.0) for _ in range(4)]
+        for _ in range(200):
+            clock.now += 0.008
+            for reservation in reservations:
+                admission.progress(reservation, 1)
+        for reservation in reservations:
+            admission.release(reservation, completion_tokens=40, capped=False)
+        return admission
+
+    admission = asyncio.run(scenario())
+    assert admission.steps.step_s(4) < 0.02  # the prior's 36 ms became about 8 ms
+    assert admission.forecasts.samples == 4
+    assert admission.lengths.typical() is None  # 4 answers are not enough to trust
+    assert admission.ledger.reserved_blocks == 0
+
+
+def test_a_caller_that_goes_away_while_queued_leaves_nothing_behind() -> None:
+    async def scenario() -> AdmissionController:
+        admission = controller(slo_s=10.0)
+        held = await admission.acquire(request(1300), max_wait_s=1.0)
+        task = asyncio.create_task(admission.acquire(request(1300), max_wait_s=5.0))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        admission.release(held)
+        return admission
+
+    admission = asyncio.run(scenario())
+    assert admission.waiting == 0
+    assert admission.ledger.reserved_blocks == 0 and admission.ledger.total_inflight == 0
+
+
+def test_many_requests_are_served_or_refused_without_leaks() -> None:
+    async def scenario() -> tuple[AdmissionController, dict[str, int]]:
+        admission = controller(blocks=64, watermark=1.0, slo_s=0.5)
+        outcomes = {"served": 0, "refused": 0}
 
         async def one(tokens: int) -> None:
-            reservation = await controller.acquire(
-                LengthBucket.S if tokens <= 512 else LengthBucket.M, tokens, wait_s=5.0)
+            bucket = LengthBucket.S if tokens <= 512 else LengthBucket.M
+            try:
+                reservation = await admission.acquire(request(tokens, 50, bucket),
+                                                      max_wait_s=5.0)
+            except AdmissionRejected:
+                outcomes["refused"] += 1
+                return
             await asyncio.sleep(0.001)
-            controller.release(reservation)
+            admission.release(reservation)
+            outcomes["served"] += 1
 
         await asyncio.gather(*(one(100 + (i * 37) % 900) for i in range(200)))
-        return controller
+        return admission, outcomes
 
-    controller = asyncio.run(scenario())
-    assert controller.ledger.reserved_blocks == 0
-    assert controller.ledger.total_inflight == 0
+    admission, outcomes = asyncio.run(scenario())
+    assert outcomes["served"] + outcomes["refused"] == 200
+    assert outcomes["served"] > 0 and outcomes["refused"] > 0
+    assert admission.ledger.reserved_blocks == 0
+    assert admission.ledger.total_inflight == 0
+    assert admission.waiting == 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_forecasts_that_proved_optimistic_are_scaled_up() -> None:
+    """First tokens that came twice as late as forecast double later forecasts: a request the
+    raw replay would admit (0.31 s) is refused against a 0.5 s SLO (0.62 s)."""
+    async def scenario(late: bool) -> RefusalReason | None:
+        admission = controller(slo_s=0.5)
+        if late:
+            for _ in range(20):
+                admission.forecasts.observe(2.0, 1.0, slo_s=0.5)
+        held = await admission.acquire(request(1300, 30), max_wait_s=1.0)
+        try:
+            await admission.acquire(request(1300, 30), max_wait_s=0.01)
+        except AdmissionRejected as rejected:
+            return rejected.reason
+        finally:
+            admission.release(held)
+        return None
+
+    assert asyncio.run(scenario(late=False)) is RefusalReason.QUEUE_TIMEOUT  # admitted, queued
+    assert asyncio.run(scenario(late=True)) is RefusalReason.TTFT_SLO
+
+
+def test_the_calibration_is_bounded_and_ignores_tiny_forecasts() -> None:
+    stats = ForecastStats()
+    assert stats.calibration() == 1.0
+    stats.observe(1.0, 0.01, slo_s=2.0)  # a 10 ms forecast: fixed costs, not the replay's error
+    assert stats.ratio_p90() is None and stats.samples == 1
+    for _ in range(10):
+        stats.observe(0.5, 1.0, slo_s=2.0)
+    assert stats.calibration() == 1.0  # early is never shortened
+    for _ in range(100):
+        stats.observe(10.0, 1.0, slo_s=2.0)
+    assert stats.calibration() == 4.0 and stats.late == 100

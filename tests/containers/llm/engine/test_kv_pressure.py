@@ -1,6 +1,7 @@
 """KV-aware admission on a real engine whose KV pool holds only a handful of maximum-length
-sequences: under 64 concurrent long requests the gateway sheds with 429 + Retry-After instead of
-letting vLLM preempt (evict and recompute) running sequences, and nothing answers 5xx."""
+sequences: under 64 concurrent long requests the gateway serves what can start within the TTFT
+SLO, refuses the rest on arrival with 429 + Retry-After (never after a wait), does not let vLLM
+preempt (evict and recompute) running sequences, and nothing answers 5xx."""
 
 from __future__ import annotations
 
@@ -20,18 +21,20 @@ POOL_BLOCKS = 192
 """6,144 tokens in blocks of 32: six sequences of max_model_len (1,024)."""
 CONCURRENT = 64
 MAX_TOKENS = 160
+SLO_S = 1.5
 
 
 @pytest.fixture(scope="module")
 def gateway(servers: Servers) -> ServerProcess:
     server = servers.gateway(EngineConfig(num_gpu_blocks=POOL_BLOCKS),
-                             GATEWAY_ADMISSION_WAIT_S="2")
+                             GATEWAY_TTFT_SLO_S=str(SLO_S))
     server.wait_healthy("/ping")
     return server
 
 
 def long_conversation(seed: int) -> list[dict[str, str]]:
-    """About 600 prompt tokens, different per request (no shared prefix to cache)."""
+    """Eleven messages of two sample sentences each, different per request (no shared prefix to
+    cache); the window keeps a few hundred tokens of them."""
     messages = [{"role": "system", "content": f"You are MangaAssist #{seed}."}]
     for index in range(11):
         pool = MANGA_CORPUS_JA if (index + seed) % 2 else MANGA_CORPUS_EN
@@ -65,6 +68,8 @@ def test_a_small_pool_under_64_long_requests_sheds_instead_of_preempting(
     after = gateway.json_lines()[len(before):]
     preemptions = sum(emf_values(after, mc.PREEMPTIONS.name))
     reserved = [line["kv_reserved_share"] for line in after if line.get("event") == "gauges"]
+    requests = [line for line in after if line.get("event") == "request"]
+    refusals = [line for line in requests if line["status"] == 429]
     print(f"\n{CONCURRENT} long requests on a {POOL_BLOCKS}-block pool: {len(served)} served, "
           f"{len(shed)} shed with 429; vLLM preemptions: {preemptions:g}; peak KV reserved "
           f"{max(reserved, default=0):.0%}")
@@ -73,8 +78,12 @@ def test_a_small_pool_under_64_long_requests_sheds_instead_of_preempting(
     assert served, "admission must still serve what fits"
     assert shed, "64 long requests cannot fit six sequences' worth of KV"
     assert all(retry.isdigit() and int(retry) >= 1 for _, retry in shed)
-    assert {body["error"]["code"] for body, _ in shed} <= {"kv_watermark", "bucket_cap"}
+    assert {body["error"]["code"] for body, _ in shed} == {"ttft_slo"}
+    assert len(refusals) == len(shed)
+    assert max(line["latency_ms"] for line in refusals) < 50  # on arrival, in the gateway
+    assert all(line["forecast_ttft_ms"] > SLO_S * 1000 for line in refusals)
     assert all(body["mangaassist"]["fallback"] is None for body in served)
-    assert all(body["usage"]["prompt_tokens"] > 400 for body in served)
+    # Long requests: prompt + 160 output tokens over a quarter of the 1,024-token window.
+    assert all(body["mangaassist"]["bucket"] in ("L", "XL") for body in served)
     assert preemptions <= 1, f"vLLM preempted {preemptions:g} sequences"
     assert max(reserved, default=0) <= 0.9 + 1e-9, "reservations stay under the watermark"
