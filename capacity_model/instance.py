@@ -13,10 +13,14 @@ Three limits bound how many requests one engine should hold at once, and the sma
   queue). The XL bucket, long conversations, is the one that binds.
 
 Per bucket, the KV limit is taken at the bucket's *largest* request (a bucket full of its
-biggest requests must fit): those are the gateway's per-bucket concurrency caps. For the mix,
-the KV limit is at the mix's mean reservation; at the resulting concurrency ``N`` a request
-lasts ``TTFT + generated tokens × TPOT`` (p50s) and Little's law gives the sustainable rate
-``60 × N / duration`` per minute.
+biggest requests must fit), bounded by ``max_num_seqs``: those are the gateway's per-bucket
+concurrency caps (``GATEWAY_BUCKET_CAPS``). The latency SLO is not in them: the gateway's
+admission forecasts each request's first token and refuses what would miss
+``GATEWAY_TTFT_SLO_S`` (docs/design-decisions.md#ttft-admission), so a cap at the mix's SLO-bound
+batch would only turn away short requests the engine could serve in time. For the mix, the
+limit is the smallest of the three; at the resulting concurrency ``N`` a request lasts ``TTFT +
+generated tokens × TPOT`` (p50s) and Little's law gives the sustainable rate ``60 × N /
+duration`` per minute: what the fleet is scaled by.
 
 Pure module.
 """
@@ -218,13 +222,12 @@ def _notes(mix: RequestMix, latency: LatencyModel) -> list[str]:
     return notes
 
 
-def _bucket_caps(plan: MemoryPlan, mix: RequestMix, admissible: int,
-                 by_slo: int) -> list[BucketCap]:
+def _bucket_caps(plan: MemoryPlan, mix: RequestMix, admissible: int) -> list[BucketCap]:
     caps = []
     for bucket in RequestBucket:
         largest = mix.bounds.upper(bucket)
         kv = admissible // blocks_for(largest, plan.block_size)
-        limits = {"KV pool": kv, "max_num_seqs": plan.max_num_seqs, "latency SLO": by_slo}
+        limits = {"KV pool": kv, "max_num_seqs": plan.max_num_seqs}
         caps.append(BucketCap(bucket=bucket.value, largest_request_tokens=largest, kv_limit=kv,
                               cap=max(1, min(limits.values())), limited_by=_limited_by(limits)))
     return caps
@@ -271,7 +274,7 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
         kv_pool_blocks=plan.kv_pool_blocks,
         admission_watermark=admission_watermark,
         admissible_blocks=admissible,
-        bucket_caps=tuple(_bucket_caps(plan, mix, admissible, by_slo)),
+        bucket_caps=tuple(_bucket_caps(plan, mix, admissible)),
         kv_limit=kv_mix,
         max_num_seqs=plan.max_num_seqs,
         slo_limit=by_slo,
