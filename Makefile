@@ -12,20 +12,29 @@ VLLM_VENV := .venv-vllm
 CHECKOV_VENV := .venv-checkov
 SM_VENV := .venv-sagemaker
 CDK := node_modules/.bin/cdk
+# Not in the CLI's environment: its option parser reads CDK* variables ("Unknown option(s): --"
+# when `make ... CDK=<path>` exports one).
+unexport CDK
 ENV ?= dev
 BASE ?= origin/main
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := 1
+# Images SageMaker accepts: no provenance attestation, whose OCI index CreateModel refuses
+# (Docker's "Build variables"; tools/image_check.py checks every pushed image).
+export BUILDX_NO_DEFAULT_ATTESTATIONS := 1
 # The CDK CLI runs `python3 app.py` (cdk.json): make it the venv's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 # The CDK Stage of ENV (config/<env>.yaml's stage_name), for `cdk deploy "<Stage>/<Stack>"`.
 STAGE_OF_ENV = $(PY) -c 'from stacks.settings import load_settings; print(load_settings("$(ENV)").stage_name)'
+ASSEMBLY ?= cdk.out
 PREFLIGHT ?= $(PY) -m tools.preflight
+IMAGE_CHECK ?= $(PY) -m tools.image_check
+INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize clean
+.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -71,13 +80,15 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
 
-synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, cfn-lint, checkov), print the templates
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
 	$(CDK) synth --quiet
+	$(PY) -m tools.validation_summary cdk.out > cdk.out/validation-summary.txt \
+		|| { cat cdk.out/validation-summary.txt; exit 1; }
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
 	$(PY) tools/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
 		> cdk.out/checkov-summary.txt || { cat cdk.out/checkov-summary.txt; exit 1; }
-	@echo "cdk-nag: no unacknowledged findings; cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
+	@echo "$$(cat cdk.out/validation-summary.txt); cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
 simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img
@@ -129,20 +140,29 @@ publish: setup ## check, then upload model artifacts: make publish ENV=prod MODE
 	$(PY) -m tools.publish --env $(ENV) $(if $(MODEL),--model "$(MODEL)") $(if $(ADAPTERS),--adapters "$(ADAPTERS)") $(if $(INTENT),--intent "$(INTENT)") $(if $(KMS_KEY_ARN),--kms-key-arn "$(KMS_KEY_ARN)")
 
 preflight: synth ## is the account ready for the Serving stack? bootstrap, account, artifacts, quotas
-	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
+	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
 
 # An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
-# stops here until `make publish` has uploaded the artifacts), then the Serving stack.
-deploy: synth ## deploy one environment: Foundation, preflight, Serving (make deploy ENV=prod; AWS credentials)
-	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out "$$stage/Foundation" $(DEPLOY_ARGS)
-	$(PREFLIGHT) --env $(ENV) --assembly cdk.out
-	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app cdk.out --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
+# stops here until `make publish` has uploaded the artifacts), the Serving stack's images
+# (built one at a time: a runner's disk holds one vLLM build, not three in parallel) and their
+# check (a manifest SageMaker takes), an instance-type change's deregistration (SageMaker refuses
+# it while the variant is a scalable target), then the Serving stack.
+deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app $(ASSEMBLY) "$$stage/Foundation" $(DEPLOY_ARGS)
+	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1 "$$stage/Serving"
+	$(IMAGE_CHECK) --env $(ENV) --assembly $(ASSEMBLY)
+	$(INSTANCE_SWITCH) --env $(ENV)
+	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app $(ASSEMBLY) --exclusively "$$stage/Serving" $(DEPLOY_ARGS)
 
 smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod
 	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)
 
 quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
 	$(SM_VENV)/bin/python -m quantization.launch --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
+
+promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
+	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)
 
 clean: ## remove build outputs (keeps .venv and node_modules)
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quantization.calibration import SUPPORTED_LANGUAGES
+from quantization.resolution import RegressionInterval, regression_interval
 from quantization.scoring import ResponseScore
 
 RESPONSE_EXCERPT_CHARS = 240
@@ -221,6 +222,7 @@ def decide(
             )
     if baseline.hallucinations:
         warnings.append(f"baseline invented {len(baseline.hallucinations)} title(s) too")
+    warnings += resolution_warnings(baseline, quantized, limits.max_regression)
     return GateReport(
         passed=all(check.passed for check in checks),
         checks=tuple(checks),
@@ -231,6 +233,31 @@ def decide(
         warnings=tuple(warnings),
         context=dict(context or {}),
     )
+
+
+def paired_interval(baseline: ModelScores, quantized: ModelScores,
+                    dimension: str) -> RegressionInterval | None:
+    """The 95 % interval of one dimension's regression, over the prompts both models answered
+    (quantization/resolution.py)."""
+    quantized_by_id = {s.item_id: s.score for s in quantized.items}
+    pairs = [(s.score, quantized_by_id[s.item_id]) for s in baseline.items
+             if s.item_id in quantized_by_id and dimension in ("overall", s.language)]
+    return regression_interval([b for b, _ in pairs], [q for _, q in pairs])
+
+
+def resolution_warnings(baseline: ModelScores, quantized: ModelScores,
+                        max_regression: float) -> list[str]:
+    """Where this run's answers vary too much for its prompts to resolve the threshold."""
+    warnings = []
+    for dimension in DIMENSIONS:
+        interval = paired_interval(baseline, quantized, dimension)
+        if interval is not None and interval.half_width > max_regression:
+            warnings.append(
+                f"regression_{dimension}: {interval.regression * 100:+.2f} % ± "
+                f"{interval.half_width * 100:.2f} % (95 % interval over {interval.prompts} "
+                f"paired prompts): this set cannot resolve the {max_regression * 100:g} % "
+                "threshold (docs/design-decisions.md#gate-resolution)")
+    return warnings
 
 
 def _gib(num_bytes: int) -> str:

@@ -17,6 +17,10 @@ JOB_IMAGE_URI = "QuantizationJobImageUri"
 JOB_SUBNET_IDS = "QuantizationJobSubnetIds"
 JOB_SECURITY_GROUP_ID = "QuantizationJobSecurityGroupId"
 
+LLM_MODEL_PREFIX = "LlmModelPrefix"
+"""The Serving stack's output naming the prefix its LLM endpoint serves (``make promote`` never
+writes there, and takes the adapters from there)."""
+
 REQUIRED: dict[str, tuple[str, ...]] = {
     FOUNDATION_STACK: (ARTIFACT_BUCKET, PROJECT_KEY_ARN),
     SERVING_STACK: (JOB_ROLE_ARN, JOB_IMAGE_URI, JOB_SUBNET_IDS, JOB_SECURITY_GROUP_ID),

@@ -6,11 +6,14 @@
 
 Runs in ``.venv-sagemaker`` (``make quantize``): the sagemaker SDK v3 (``ModelTrainer``) starts
 the job with the image and role the Serving stack built, in the models' private subnets, with
-the project key on the output and the training volume. It finds them in the stack outputs
-(CloudFormation DescribeStacks), waits with one progress line per status change, then reads the
-run's ``quality_gate.json`` and prints the verdict. Exit 0: the gate passed and the model is at
-the served prefix; 1: the gate failed (nothing uploaded); 2: anything else (bad arguments, a
-missing stack output, a job that failed before its gate).
+the project key on the output (and on the training volume when the instance type has one: a
+type with local NVMe storage, such as ml.g5.4xlarge, refuses a VolumeKmsKeyId). It finds them in
+the stack outputs (CloudFormation DescribeStacks), waits with one progress line per status
+change, then reads the run's ``quality_gate.json`` and prints the verdict. A passing run's model
+is a candidate at ``<quantization.candidates_prefix>/<run id>/``, never the served prefix;
+``make promote ENV=<env> RUN=<run id>`` copies it there, checked. Exit 0: the gate passed and
+the candidate is complete; 1: the gate failed (nothing uploaded); 2: anything else (bad
+arguments, a missing stack output, a job that failed before its gate).
 """
 
 from __future__ import annotations
@@ -81,9 +84,10 @@ def start_training_job(plan: JobPlan, boto_session: Any) -> str:
         role=plan.role_arn,
         base_job_name=plan.run_id,
         training_image=plan.image_uri,
+        # None leaves VolumeSizeInGB and VolumeKmsKeyId out of the request (local storage).
         compute=Compute(instance_type=plan.instance_type, instance_count=1,
                         volume_size_in_gb=plan.volume_size_gb,
-                        volume_kms_key_id=plan.kms_key_arn),
+                        volume_kms_key_id=plan.volume_kms_key_arn),
         networking=Networking(subnets=list(plan.subnet_ids),
                               security_group_ids=list(plan.security_group_ids),
                               enable_network_isolation=False),
@@ -99,6 +103,13 @@ def start_training_job(plan: JobPlan, boto_session: Any) -> str:
     if job is None:
         raise LaunchError("the sagemaker SDK created no training job")
     return str(job.training_job_name)
+
+
+def volume_description(plan: JobPlan) -> str:
+    """The training volume in words, for the run's header."""
+    if plan.volume_kms_key_arn is None:
+        return "the instance's NVMe storage (hardware-encrypted; no VolumeKmsKeyId)"
+    return f"EBS {plan.volume_size_gb} GB, encrypted with {plan.volume_kms_key_arn}"
 
 
 def wait_for_job(sagemaker: Any, job_name: str, *, poll_s: float,
@@ -170,8 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"quantization run {plan.run_id} ({settings.name}, {plan.instance_type})")
     print(f"  base model  {plan.base_model_uri}")
-    print(f"  model       {plan.model_uri} (only if the gate passes)")
+    print(f"  candidate   {plan.model_uri} (only if the gate passes; make promote serves it)")
     print(f"  reports     {plan.report_uri}")
+    print(f"  volume      {volume_description(plan)}")
     job_name = start_training_job(plan, session)
     print(f"  job         {job_name}", flush=True)
     if args.no_wait:
@@ -191,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(verdict.lines))
     keys = uploaded_keys(s3, plan) if verdict is not None and verdict.passed else frozenset()
     outcome = decide_outcome(description["TrainingJobStatus"], description.get("FailureReason"),
-                             verdict, keys, plan.model_uri)
+                             verdict, keys, plan.model_uri,
+                             promote_hint=f"make promote ENV={settings.name} RUN={plan.run_id}")
     print(outcome.message, file=sys.stdout if outcome.exit_code == 0 else sys.stderr)
     return outcome.exit_code
 

@@ -7,10 +7,20 @@ what the gate report says. Everything here is pure (no boto3, no SDK) and unit-t
 Where things go (all in the environment's artifact bucket, all encrypted with the project key):
 
 * ``<base_model_root>/<name>/`` — the base model the ``model`` channel reads;
-* ``<quantized model prefix>/`` — the gated model (the job uploads it only when the gate passes,
-  with ``quality_gate.md/json`` beside the weights); the LLM endpoint reads this prefix;
+* ``<candidates_prefix>/<run id>/`` — the gated model, a candidate: the job uploads it only when
+  the gate passes, with ``quality_gate.md/json`` beside the weights, each object carrying its
+  SHA-256, and ``artifact-manifest.json`` last. Nothing serves it from there, and the job never
+  writes the served prefix: ``make promote`` (tools/promote) copies a candidate, checked, to
+  ``llm.model.artifact_prefix``;
 * ``<reports_prefix>/<run id>/quality_gate.{md,json}`` — every run's verdict, pass or fail;
 * ``<reports_prefix>/<run id>/sagemaker/`` — SageMaker's own output (``output.tar.gz``).
+
+The training volume: an instance type with local NVMe storage (every GPU type the catalog has:
+g4dn, g5, g6, g6e, p4d, p5) gets neither a ``VolumeKmsKeyId`` nor a ``VolumeSizeInGB`` —
+"You can't request a VolumeKmsKeyId when using an instance type with local storage" and its
+storage "is fixed to the NVMe-type instance's storage capacity" (SageMaker API Reference,
+``ResourceConfig``); the hardware encrypts it. Only an EBS-backed type gets the settings' size
+and the project key.
 """
 
 from __future__ import annotations
@@ -85,13 +95,18 @@ class JobPlan:
     image_uri: str
     role_arn: str
     instance_type: str
-    volume_size_gb: int
+    volume_size_gb: int | None
+    """EBS volume size; None on an instance type with local storage (fixed by the instance)."""
+    volume_kms_key_arn: str | None
+    """Key of the EBS volume; None on an instance type with local storage (SageMaker refuses
+    a VolumeKmsKeyId there)."""
     max_runtime_s: int
     subnet_ids: tuple[str, ...]
     security_group_ids: tuple[str, ...]
     kms_key_arn: str
     base_model_uri: str
     model_uri: str
+    """The run's candidate prefix, ``s3://<bucket>/<candidates_prefix>/<run id>/``."""
     report_uri: str
     output_path: str
     environment: dict[str, str]
@@ -161,25 +176,20 @@ def plan_job(
         )
 
     chosen_instance = instance_type or quant.instance_type
-    try:
-        kind = catalog_instance_type(chosen_instance).accelerator_kind
-    except ValueError as error:
-        raise LaunchError(f"--instance-type: {error}") from None
-    if kind != "gpu":
-        raise LaunchError(f"--instance-type: {chosen_instance!r} is not accepted: AWQ "
-                          "calibration needs a GPU instance (ml.g5.*, ml.g6.*, ...)")
+    local_storage = _training_instance_storage(chosen_instance, quant.instance_type)
     if not outputs.subnet_ids:
         raise LaunchError("stack output QuantizationJobSubnetIds is empty")
 
     bucket = outputs.bucket
-    model_uri = f"s3://{bucket}/{settings.quantized_model_prefix}/"
+    model_uri = f"s3://{bucket}/{candidate_prefix(settings, run_id)}/"
     report_uri = f"s3://{bucket}/{quant.reports_prefix}/{run_id}/"
     return JobPlan(
         run_id=run_id,
         image_uri=outputs.image_uri,
         role_arn=outputs.role_arn,
         instance_type=chosen_instance,
-        volume_size_gb=quant.volume_size_gb,
+        volume_size_gb=None if local_storage else quant.volume_size_gb,
+        volume_kms_key_arn=None if local_storage else outputs.kms_key_arn,
         max_runtime_s=quant.max_runtime_s,
         subnet_ids=outputs.subnet_ids,
         security_group_ids=outputs.security_group_ids,
@@ -198,6 +208,35 @@ def plan_job(
         tags={"Project": "MangaAssist", "Environment": settings.name,
               "QuantizationRun": run_id},
     )
+
+
+def candidate_prefix(settings: EnvironmentSettings, run_id: str) -> str:
+    """Where run ``run_id``'s gated model goes: ``<quantization.candidates_prefix>/<run id>``."""
+    return f"{settings.quantization.candidates_prefix}/{run_id}"
+
+
+def _training_instance_storage(chosen: str, configured: str) -> bool:
+    """Whether ``chosen`` has local NVMe storage; LaunchError for a type the job cannot use.
+
+    The job's role grants the project key to an EBS training volume only when the configured
+    type (``quantization.instance_type``) needs one, so an EBS-backed ``--instance-type`` is
+    refused when the configured one has local storage.
+    """
+    try:
+        chosen_type = catalog_instance_type(chosen)
+    except ValueError as error:
+        raise LaunchError(f"--instance-type: {error}") from None
+    if chosen_type.accelerator_kind != "gpu":
+        raise LaunchError(f"--instance-type: {chosen!r} is not accepted: AWQ calibration needs "
+                          "a GPU instance (ml.g5.*, ml.g6.*, ...)")
+    if not chosen_type.local_instance_storage and \
+            catalog_instance_type(configured).local_instance_storage:
+        raise LaunchError(
+            f"--instance-type: {chosen!r} is not accepted: its training volume is EBS, which "
+            f"needs the project key (VolumeKmsKeyId) that the job's role may grant only when "
+            f"quantization.instance_type is EBS-backed too ({configured!r} has local storage); "
+            "set quantization.instance_type and deploy first")
+    return chosen_type.local_instance_storage
 
 
 # --- while it runs ------------------------------------------------------------------------
@@ -259,11 +298,15 @@ class Outcome:
     message: str
 
 
+CANDIDATE_FILES = frozenset({"config.json", "quality_gate.json", "artifact-manifest.json"})
+"""What a passing run's candidate prefix holds at least (the manifest is written last)."""
+
+
 def decide_outcome(
     status: str, failure_reason: str | None, verdict: GateVerdict | None,
-    uploaded_keys: frozenset[str], model_uri: str,
+    uploaded_keys: frozenset[str], model_uri: str, *, promote_hint: str = "",
 ) -> Outcome:
-    """Exit 0 only when the job completed, its gate passed and the model is at its prefix.
+    """Exit 0 only when the job completed, its gate passed and the candidate is complete.
 
     1: the gate failed (nothing was uploaded to the model prefix). 2: anything else went wrong
     (the job failed before the gate, was stopped, or its outputs are not where they must be).
@@ -278,9 +321,10 @@ def decide_outcome(
         return Outcome(1, f"{verdict.headline()}; nothing was uploaded to {model_uri}")
     if status != "Completed":
         reason = f": {failure_reason}" if failure_reason else ""
-        return Outcome(2, f"the gate passed but the job {status}{reason}; check {model_uri} "
-                          "before serving it")
-    missing = sorted({"config.json", "quality_gate.json"} - uploaded_keys)
+        return Outcome(2, f"the gate passed but the job {status}{reason}; {model_uri} may be "
+                          "incomplete (make promote refuses a candidate without its manifest)")
+    missing = sorted(CANDIDATE_FILES - uploaded_keys)
     if missing:
         return Outcome(2, f"the gate passed but {', '.join(missing)} is missing at {model_uri}")
-    return Outcome(0, f"{verdict.headline()}; model uploaded to {model_uri}")
+    hint = f"; promote it with {promote_hint}" if promote_hint else ""
+    return Outcome(0, f"{verdict.headline()}; candidate uploaded to {model_uri}{hint}")

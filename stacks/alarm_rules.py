@@ -90,7 +90,19 @@ def capacity_pinned_rule(*, max_capacity: int, minutes: int) -> AlarmRule:
 
 def capacity_limits_missing_rule() -> AlarmRule:
     """The published maximum in force is missing: the pinned alarm only knows the registered
-    maximum (it would miss a night-time or release-window surge)."""
+    maximum (it would miss a night-time or release-window surge).
+
+    The failure is the metric's absence, so the alarm treats missing data as ``missing`` and
+    notifies on INSUFFICIENT_DATA: "if all data points in the alarm evaluation range are
+    missing, the alarm transitions to INSUFFICIENT_DATA" (CloudWatch User Guide, "Configuring
+    how CloudWatch alarms treat missing data"). ``breaching`` would page at the first deploy: a
+    new alarm is evaluated at once ("When this operation creates an alarm, the alarm state is
+    immediately set to INSUFFICIENT_DATA. The alarm is then evaluated", PutMetricAlarm), before
+    the endpoints are InService and their scalable targets exist, and three missing periods
+    read as breaching are ALARM. An alarm created in INSUFFICIENT_DATA that stays there changes
+    no state, and "the actions happen only on state transitions" (CloudWatch User Guide,
+    "Alarm actions"); it is created after the scalable targets (serving_stack.py).
+    """
     return AlarmRule(
         name="capacity-limits-missing",
         metric=mc.MAX_CAPACITY_IN_FORCE,
@@ -100,13 +112,14 @@ def capacity_limits_missing_rule() -> AlarmRule:
         period_s=300,
         evaluation_periods=3,
         datapoints_to_alarm=3,
-        missing_data=BREACHING,  # no datapoint at all is exactly the failure
+        missing_data=MISSING,  # its absence is INSUFFICIENT_DATA, which notifies
         severity="warn",
         meaning="The scaling-limits Lambda has published no MaxCapacityInForce for this variant "
-        "for 15 minutes (failing, throttled, or the scalable target is deregistered): "
-        "capacity-pinned-at-max falls back to the registered maximum and misses surges pinned "
-        "at a lower scheduled maximum (nights, release windows).",
+        "for 15 minutes (INSUFFICIENT_DATA: failing, throttled, or the scalable target is "
+        "deregistered): capacity-pinned-at-max falls back to the registered maximum and misses "
+        "surges pinned at a lower scheduled maximum (nights, release windows).",
         runbook="scaling-pinned-at-max.md",
+        notify_insufficient_data=True,
     )
 
 

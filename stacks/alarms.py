@@ -21,6 +21,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from metrics_contract import MetricSpec, metric
+from stacks.nag import acknowledge_guard
 
 RUNBOOK_BASE_URL = "https://github.com/manga-assist/gpu-inference-platform/blob/main/docs/runbooks"
 """Where runbook links in alarm descriptions point: this repository's docs/runbooks/."""
@@ -99,6 +100,9 @@ class AlarmRule:
     statistic: str | None = None
     expression: str | None = None
     inputs: Mapping[str, MathInput] = field(default_factory=dict)
+    notify_insufficient_data: bool = False
+    """Also notify on INSUFFICIENT_DATA: for a rule whose failure is the metric's absence, with
+    ``missing`` data handling (no datapoint in the whole evaluation range)."""
 
     def __post_init__(self) -> None:
         if (self.metric is None) == (self.expression is None):
@@ -107,6 +111,11 @@ class AlarmRule:
             raise ValueError(f"alarm rule {self.name}: a metric needs a statistic")
         if self.expression is not None and not self.inputs:
             raise ValueError(f"alarm rule {self.name}: an expression needs inputs")
+        if self.notify_insufficient_data and (
+                self.severity == "page"
+                or self.missing_data != cloudwatch.TreatMissingData.MISSING):
+            raise ValueError(f"alarm rule {self.name}: notify_insufficient_data needs "
+                             "missing_data MISSING and a warn or ticket severity")
 
     def description(self) -> str:
         """Alarm description: what it means and the runbook link."""
@@ -196,6 +205,16 @@ class AlarmSet(Construct):
             if rule.severity != "page":
                 alarm.add_alarm_action(action)
                 alarm.add_ok_action(action)
+                if rule.notify_insufficient_data:
+                    alarm.add_insufficient_data_action(action)
+            else:
+                acknowledge_guard(
+                    alarm, "CT.CLOUDWATCH.PR.1",
+                    f"A paging alarm: it notifies through the composite {name_prefix}-page, one "
+                    "page per endpoint however many of its alarms fire ('You can use composite "
+                    "alarms to reduce alarm noise by taking actions only at an aggregated level', "
+                    "CloudWatch User Guide, 'Composite alarms', https://docs.aws.amazon.com/"
+                    "AmazonCloudWatch/latest/monitoring/alarm-combining.html).")
             self.alarms[rule.name] = alarm
 
         paging = [rule.name for rule in rules if rule.severity == "page"]

@@ -19,6 +19,19 @@ from stacks.artifact_store import ArtifactStore
 from stacks.settings import EnvironmentSettings
 
 
+def grants_only_for_aws_services() -> iam.PolicyStatement:
+    """Deny CreateGrant unless an AWS service asks for it (or is the caller)."""
+    return iam.PolicyStatement(
+        sid="CreateGrantOnlyForAwsServices",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["kms:CreateGrant"],
+        resources=["*"],
+        conditions={"BoolIfExists": {"kms:GrantIsForAWSResource": "false",
+                                     "aws:PrincipalIsAWSService": "false"}},
+    )
+
+
 class FoundationStack(cdk.Stack):
     """Project key (rotation on), artifact bucket with access logs, encrypted alarm topic."""
 
@@ -42,6 +55,13 @@ class FoundationStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
         self.kms_key.add_alias(f"alias/{settings.resource_prefix}")
+        # Grants only for AWS services acting for a principal (SageMaker's volume encryption,
+        # Lambda's environment): nobody may hand the key out directly. "kms:GrantIsForAWSResource
+        # allows principals to call CreateGrant ... only when an AWS service that is integrated
+        # with AWS KMS sends the request on the principal's behalf" ("Controlling access to
+        # grants", https://docs.aws.amazon.com/kms/latest/developerguide/grant-authorization.html);
+        # AWS Control Tower's CT.KMS.PR.3 asks for exactly this statement.
+        self.kms_key.add_to_resource_policy(grants_only_for_aws_services())
         # CloudWatch Logs encrypts the environment's log groups (VPC flow logs, Lambda logs).
         self.kms_key.add_to_resource_policy(
             iam.PolicyStatement(

@@ -101,7 +101,7 @@ class ModelExecutionRole(Construct):
                 sid="EndpointLogs",
                 actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
                          "logs:DescribeLogStreams"],
-                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+                resources=log_group_resources(log_group_arn),
             )
         )
         self.iam_role.add_to_policy(
@@ -127,7 +127,7 @@ class ModelExecutionRole(Construct):
             self.iam_role,
             "AwsSolutions-IAM5",
             "Each wildcard is as narrow as the API allows: the objects under this model's own "
-            "prefix; the streams of this endpoint's own log group; ecr:GetAuthorizationToken, "
+            "prefix; this endpoint's own log group and its streams; ecr:GetAuthorizationToken, "
             "cloudwatch:PutMetricData (held to SageMaker's namespaces by cloudwatch:namespace) "
             "and EC2 Describe* have no resource-level permissions; cloudwatch:DescribeAlarms "
             "returns composite alarms only when scoped to * and SageMaker does not document how "
@@ -135,7 +135,7 @@ class ModelExecutionRole(Construct):
             "model's VPC are limited to that VPC by ec2:Vpc.",
             applies_to=[
                 f"Resource::arn:aws:s3:::{bucket_name}/{artifact_prefix}/*",
-                f"Resource::{log_group_arn}:log-stream:*",
+                f"Resource::{log_group_arn}:*",
                 "Resource::*",
             ],
         )
@@ -162,6 +162,17 @@ def vpc_access_statements(stack: cdk.Stack, vpc_id: str) -> list[iam.PolicyState
             resources=["*"],
         ),
     ]
+
+
+def log_group_resources(log_group_arn: str) -> list[str]:
+    """A log group's two ARN forms for IAM: ``log-group:NAME`` and ``log-group:NAME:*`` — the
+    one "to refer to the ARN when specifying permissions in IAM policies for all other API
+    actions" than tagging, which also covers its streams (``…:log-stream:NAME``). CloudWatch Logs
+    User Guide, "Overview of managing access permissions to your CloudWatch Logs resources",
+    https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/iam-access-control-overview-cwl.html.
+    Without it SageMaker cannot ship the container's log lines: no logs, no EMF metrics, and the
+    alarms on them (time to first token, time per output token) never fire."""
+    return [log_group_arn, f"{log_group_arn}:*"]
 
 
 def literal_bucket_name(value: str) -> str:

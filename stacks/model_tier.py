@@ -35,6 +35,10 @@ from stacks.variant_scaling import VariantScaling
 EndpointBuilder = Callable[[Construct, str, Sequence[cloudwatch.IAlarm]], ModelEndpointConstruct]
 """Builds the endpoint construct in ``scope`` under ``id``, rolling back on these alarms."""
 
+AFTER_SCALABLE_TARGET: tuple[str, ...] = ("capacity-limits-missing",)
+"""Alarm rules created only after the variant's scalable target (``capacity_limits_missing_rule``
+says why)."""
+
 INVOKE_ACTIONS = ("sagemaker:InvokeEndpoint", "sagemaker:InvokeEndpointWithResponseStream")
 """What a caller needs to use a real-time endpoint, streamed answers included (Service
 Authorization Reference, "Actions defined by Amazon SageMaker AI": both take the endpoint ARN)."""
@@ -74,7 +78,13 @@ class ModelTier:
             scope, f"{prefix}Scaling", endpoint=self.endpoint.sagemaker_endpoint,
             endpoint_name=endpoint_name, variant_name=variant_name, settings=scaling,
             fleet=fleet, scheduled_actions=scheduled_actions,
-            capacity_metadata=capacity_metadata)
+            capacity_metadata=capacity_metadata, instance_type=instance_type)
+        # Alarms on what only exists once the variant is registered (the scaling-limits
+        # Lambda's metric) are created after its scalable target, so they start evaluating
+        # when there can be data.
+        for name in AFTER_SCALABLE_TARGET:
+            if name in self.alarms.alarms:
+                self.alarms.alarms[name].node.add_dependency(self.scaling.scalable_target)
         self.dashboard_entry = DashboardEndpoint(
             title=title, endpoint_name=endpoint_name, variant_name=variant_name, kind=kind,
             instance_type=instance_type, scaling=scaling, fleet=fleet, alarms=self.alarms,

@@ -1,11 +1,14 @@
-"""cdk-nag on every synth, and the one way this app acknowledges a finding (cdk-nag's or checkov's).
+"""cdk-nag and AWS Control Tower's proactive controls on every synth, and the one way this app
+acknowledges a finding (cdk-nag's, cfn-guard's or checkov's).
 
-cdk-nag 3.x runs as a CDK policy-validation plugin: an unacknowledged finding fails synthesis and
-writes ``validation-report.json`` into the cloud assembly. checkov scans the synthesized
-templates afterwards (``make synth``, ``tools/checkov_scan.py``); it reads its acknowledgements
-from each resource's ``Metadata: checkov: skip:`` list, which :func:`acknowledge_checkov` writes.
-Either kind of finding is acknowledged on one resource at a time, with a reason a reviewer can
-judge; there are no stack- or app-wide suppressions.
+cdk-nag 3.x and ``cdklabs.cdk-validator-cfnguard`` (cfn-guard with the Control Tower proactive
+controls' rules, bundled and run offline) are CDK policy-validation plugins: an unacknowledged
+finding of either fails synthesis, and both write into the cloud assembly's
+``validation-report.json`` (what was found, and what was acknowledged with which reason).
+checkov scans the synthesized templates afterwards (``make synth``, ``tools/checkov_scan.py``);
+it reads its acknowledgements from each resource's ``Metadata: checkov: skip:`` list, which
+:func:`acknowledge_checkov` writes. Every kind of finding is acknowledged on one resource at a
+time, with a reason a reviewer can judge; there are no stack- or app-wide suppressions.
 """
 
 from __future__ import annotations
@@ -14,21 +17,34 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
+from cdklabs.cdk_validator_cfnguard import CfnGuardValidator
 from constructs import IConstruct
 
-NAG_PACK = "AwsSolutions"
-MIN_REASON_CHARS = 40
+from stacks.validation_rules import (
+    GUARD_CONTROLS,
+    GUARD_PLUGIN,
+    MIN_REASON_CHARS,
+    NAG_PACK,
+    UNREADABLE_VALUE,
+)
+
 GRANULAR_RULES = frozenset({"AwsSolutions-IAM4", "AwsSolutions-IAM5"})
 CHECKOV_CHECK_ID = re.compile(r"^CKV2?_AWS_[0-9]+$")
 """checkov's ids for AWS CloudFormation checks (CKV_AWS_116, CKV2_AWS_5)."""
 
 
 def add_nag_checks(app: cdk.App) -> None:
-    """Register the AwsSolutions pack on the whole app (every stage and stack)."""
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    """Register the AwsSolutions pack and Control Tower's proactive controls on the whole app."""
+    validations = cdk.Validations.of(app)
+    validations.add_plugins(AwsSolutionsChecks(app))
+    # The guard plugin implements the Beta1 interface, which add_plugins accepts at run time
+    # (jsii checks the shape, not the name); its type hints say IPolicyValidationPlugin.
+    guard = CfnGuardValidator(control_tower_rules_enabled=True)
+    validations.add_plugins(cast(cdk.IPolicyValidationPlugin, guard))
 
 
 def acknowledge(
@@ -54,6 +70,30 @@ def acknowledge(
     cdk.Validations.of(construct).acknowledge(
         *(cdk.Acknowledgment(id=f"{NAG_PACK}::{rule_id}", reason=reason.strip()) for rule_id in ids)
     )
+
+
+def acknowledge_guard(construct: IConstruct, control: str, reason: str, *,
+                      unreadable_value: str | None = None) -> None:
+    """Acknowledge one Control Tower proactive control (cfn-guard) on one construct, with a reason.
+
+    ``control`` is the control's id as Control Tower names it (``CT.LAMBDA.PR.3``).
+    ``unreadable_value`` names the property a rule cannot read (its value is an intrinsic the
+    rule does not resolve); the reason then says so first, and a test checks that the property
+    is really set on the resource.
+    """
+    rule = GUARD_CONTROLS.get(control)
+    if rule is None:
+        raise ValueError(f"acknowledge_guard: control {control!r} is not accepted; accepted: "
+                         f"{', '.join(sorted(GUARD_CONTROLS))} (add its rule to GUARD_CONTROLS)")
+    text = reason.strip()
+    if len(text) < MIN_REASON_CHARS:
+        raise ValueError(
+            f"acknowledge_guard: the reason for {control} on {construct.node.path} must explain "
+            f"the exception to a reviewer (at least {MIN_REASON_CHARS} characters)")
+    if unreadable_value is not None:
+        text = f"{UNREADABLE_VALUE} ({unreadable_value}): {text}"
+    cdk.Validations.of(construct).acknowledge(
+        cdk.Acknowledgment(id=f"{GUARD_PLUGIN}::{rule}", reason=f"[{control}] {text}"))
 
 
 def acknowledge_checkov(construct: IConstruct, check_id: str, reason: str) -> None:
@@ -90,7 +130,8 @@ def acknowledge_checkov(construct: IConstruct, check_id: str, reason: str) -> No
 
 
 def summarize_validation_report(outdir: str | Path) -> str:
-    """Render cdk-nag's validation report as one line per finding, for a failed synth."""
+    """Render the validation report (cdk-nag, cfn-guard) as one line per finding, for a failed
+    synth."""
     report_path = Path(outdir) / "validation-report.json"
     if not report_path.is_file():
         return f"policy validation failed; no report at {report_path}"
@@ -105,7 +146,9 @@ def summarize_validation_report(outdir: str | Path) -> str:
                 )
     if not lines:
         return f"policy validation failed; see {report_path}"
+    plugins = sorted({plugin.get("pluginName", "?") for plugin in report.get("pluginReports", [])
+                      if plugin.get("violations")})
     return (
-        f"cdk-nag found {len(lines)} unacknowledged finding(s) (report: {report_path}):\n"
-        + "\n".join(f"  {line}" for line in lines)
+        f"policy validation ({', '.join(plugins)}) found {len(lines)} unacknowledged "
+        f"finding(s) (report: {report_path}):\n" + "\n".join(f"  {line}" for line in lines)
     )

@@ -16,7 +16,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.nag import acknowledge, acknowledge_checkov
+from stacks.container_image import acknowledge_project_key_log_group
+from stacks.nag import acknowledge, acknowledge_checkov, acknowledge_guard
 
 RESTRICT_DEFAULT_SG_PROVIDER = "Custom::VpcRestrictDefaultSGCustomResourceProvider"
 """CDK's stack-level custom-resource provider that empties the VPC's default security group."""
@@ -52,6 +53,7 @@ class ModelNetwork(Construct):
             retention=flow_log_retention,
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
+        acknowledge_project_key_log_group(flow_log_group)
         self.ec2_vpc = ec2.Vpc(
             self,
             "Vpc",
@@ -136,6 +138,8 @@ class ModelNetwork(Construct):
                             "outside the isolated VPC, which has no EC2 endpoint.")
         acknowledge_checkov(handler, "CKV_AWS_115", why + "once per deployment: reserving "
                             "concurrency for it would only take from the account's pool.")
+        acknowledge_guard(handler, "CT.LAMBDA.PR.3", why + "and it calls only the EC2 API, "
+                          "which the isolated VPC has no endpoint for.")
 
     @property
     def subnet_ids(self) -> list[str]:

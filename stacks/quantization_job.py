@@ -5,8 +5,12 @@ CloudFormation: a training job is a run, not a resource. The stack provides what
 the job image (``containers/quantize``, pushed as a CDK asset) and an execution role scoped to
 
 * read the base models under ``quantization.base_model_root``;
-* write the gated model to its prefix (never ``adapters/`` under it) and every run's reports;
-* encrypt and decrypt with the project key through S3, and grant the training volume its key;
+* write a gated model under ``quantization.candidates_prefix`` (``<run id>/``, with its own
+  artifact-manifest.json) and every run's reports — never the served prefix: ``make promote``
+  copies a candidate there, checked (tools/promote);
+* encrypt and decrypt with the project key through S3 (and, only for an EBS-backed training
+  instance, grant the training volume that key: instances with local NVMe storage refuse a
+  ``VolumeKmsKeyId``);
 * pull its own image, write its log group and metrics, and attach to the models' VPC.
 
 Permissions follow "CreateTrainingJob API: Execution Role Permissions"
@@ -22,12 +26,14 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from gpu_budget import instance_type as catalog_instance
 from stacks.container_image import repo_image_asset
-from stacks.model_role import literal_bucket_name, vpc_access_statements
+from stacks.model_role import literal_bucket_name, log_group_resources, vpc_access_statements
 from stacks.nag import acknowledge
 from stacks.network import ModelNetwork
 
-QUANTIZE_IMAGE_SOURCES: tuple[str, ...] = ("containers/quantize", "quantization", "prompts")
+QUANTIZE_IMAGE_SOURCES: tuple[str, ...] = ("containers/quantize", "quantization", "prompts",
+                                           "artifact_manifest")
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
@@ -42,8 +48,9 @@ class QuantizationJobResources(Construct):
         artifact_bucket: s3.IBucket,
         encryption_key: kms.IKey,
         base_model_root: str,
-        output_prefix: str,
+        candidates_prefix: str,
         reports_prefix: str,
+        instance_type: str,
         network: ModelNetwork,
     ) -> None:
         super().__init__(scope, id_)
@@ -64,7 +71,7 @@ class QuantizationJobResources(Construct):
         )
         bucket_name = literal_bucket_name(artifact_bucket.bucket_name)
         read_objects = artifact_bucket.arn_for_objects(f"{base_model_root}/*")
-        write_objects = [artifact_bucket.arn_for_objects(f"{output_prefix}/*"),
+        write_objects = [artifact_bucket.arn_for_objects(f"{candidates_prefix}/*"),
                          artifact_bucket.arn_for_objects(f"{reports_prefix}/*")]
         self.iam_role.add_to_policy(iam.PolicyStatement(
             sid="ReadBaseModels", actions=["s3:GetObject"], resources=[read_objects]))
@@ -73,17 +80,11 @@ class QuantizationJobResources(Construct):
             actions=["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
             resources=write_objects,
         ))
-        # The adapters share the model's prefix and belong to other pipelines.
-        self.iam_role.add_to_policy(iam.PolicyStatement(
-            sid="NeverTouchAdapters", effect=iam.Effect.DENY,
-            actions=["s3:PutObject", "s3:DeleteObject"],
-            resources=[artifact_bucket.arn_for_objects(f"{output_prefix}/adapters/*")],
-        ))
         self.iam_role.add_to_policy(iam.PolicyStatement(
             sid="ListOwnPrefixes", actions=["s3:ListBucket"],
             resources=[artifact_bucket.bucket_arn],
             conditions={"StringLike": {"s3:prefix": [
-                f"{prefix}/*" for prefix in (base_model_root, output_prefix, reports_prefix)]}},
+                f"{prefix}/*" for prefix in (base_model_root, candidates_prefix, reports_prefix)]}},
         ))
         self.iam_role.add_to_policy(iam.PolicyStatement(
             sid="ProjectKeyThroughS3",
@@ -91,12 +92,13 @@ class QuantizationJobResources(Construct):
             resources=[encryption_key.key_arn],
             conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.amazonaws.com"}},
         ))
-        # The ML storage volume is encrypted with the project key (VolumeKmsKeyId).
-        self.iam_role.add_to_policy(iam.PolicyStatement(
-            sid="VolumeKeyGrant", actions=["kms:CreateGrant"],
-            resources=[encryption_key.key_arn],
-            conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
-        ))
+        if not catalog_instance(instance_type).local_instance_storage:
+            # An EBS-backed training volume is encrypted with the project key (VolumeKmsKeyId).
+            self.iam_role.add_to_policy(iam.PolicyStatement(
+                sid="VolumeKeyGrant", actions=["kms:CreateGrant"],
+                resources=[encryption_key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            ))
         self.ecr_image.repository.grant_pull(self.iam_role)
 
         log_group_arn = stack.format_arn(
@@ -107,7 +109,7 @@ class QuantizationJobResources(Construct):
             sid="TrainingLogs",
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
                      "logs:DescribeLogStreams"],
-            resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+            resources=log_group_resources(log_group_arn),
         ))
         self.iam_role.add_to_policy(iam.PolicyStatement(
             sid="TrainingMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
@@ -119,15 +121,15 @@ class QuantizationJobResources(Construct):
             self.iam_role,
             "AwsSolutions-IAM5",
             "Each wildcard is as narrow as the API allows: objects under the base-model root, "
-            "the model's own prefix and the reports prefix (adapters/ denied); the streams of "
-            "the training log group; PutMetricData is limited to the training namespace, "
+            "the candidates prefix and the reports prefix; the training log "
+            "group and its streams; PutMetricData is limited to the training namespace, "
             "ecr:GetAuthorizationToken and EC2 Describe* have no resource-level permissions, and "
             "the network-interface calls are limited to the models' VPC by ec2:Vpc.",
             applies_to=[
                 f"Resource::arn:aws:s3:::{bucket_name}/{base_model_root}/*",
-                f"Resource::arn:aws:s3:::{bucket_name}/{output_prefix}/*",
+                f"Resource::arn:aws:s3:::{bucket_name}/{candidates_prefix}/*",
                 f"Resource::arn:aws:s3:::{bucket_name}/{reports_prefix}/*",
-                f"Resource::{log_group_arn}:log-stream:*",
+                f"Resource::{log_group_arn}:*",
                 "Resource::*",
             ],
         )

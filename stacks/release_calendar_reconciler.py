@@ -33,8 +33,8 @@ from constructs import Construct, IConstruct
 from release_calendar import CapacityModel, capacity_models_to_json
 from stacks.alarm_rules import calendar_lambda_rules
 from stacks.alarms import AlarmSet
-from stacks.container_image import lambda_logs_and_role, repo_python_function
-from stacks.nag import acknowledge, acknowledge_checkov
+from stacks.container_image import VPC_GUIDANCE, lambda_logs_and_role, repo_python_function
+from stacks.nag import acknowledge, acknowledge_checkov, acknowledge_guard
 
 LAMBDA_SOURCES: tuple[str, ...] = (
     "lambdas/release_calendar", "release_calendar", "metrics_contract", "request_buckets"
@@ -153,7 +153,17 @@ class ReleaseCalendarReconciler(Construct):
             enforce_ssl=True,
             retention_period=FAILED_RUN_RETENTION,
             removal_policy=cdk.RemovalPolicy.DESTROY,
+            # It is a dead-letter queue, and says so: SQS's default redrive permission
+            # (allowAll), stated, is what AWS Control Tower's CT.SQS.PR.1 reads as "this queue
+            # is a DLQ" instead of asking it for a dead-letter queue of its own.
+            redrive_allow_policy=sqs.RedriveAllowPolicy(
+                redrive_permission=sqs.RedrivePermission.ALLOW_ALL),
         )
+        acknowledge_guard(
+            self.failed_runs_queue, "CT.SQS.PR.2",
+            "KmsMasterKeyId is the project key (customer managed, rotated; its key policy lets "
+            "EventBridge rules of this account use it), read from the Foundation stack's output.",
+            unreadable_value="KmsMasterKeyId: Fn::GetStackOutput")
         acknowledge(
             self.failed_runs_queue,
             "AwsSolutions-SQS3",
@@ -216,13 +226,12 @@ class ReleaseCalendarReconciler(Construct):
             "FailedRuns queue), which keeps the event and the error; checkov only recognises the "
             "older DeadLetterConfig, which keeps the event alone.",
         )
-        acknowledge_checkov(
-            self.lambda_function,
-            "CKV_AWS_117",
-            "The function only calls regional AWS APIs (SSM, Application Auto Scaling, CloudWatch "
-            "Logs) and reaches nothing inside the models' VPC; attaching it would need three more "
-            "interface endpoints in an isolated VPC for no isolation gained.",
-        )
+        outside_vpc = ("The function only calls regional AWS APIs (SSM, Application Auto "
+                       "Scaling, CloudWatch Logs) and reaches nothing inside the models' VPC; "
+                       "attaching it would need three more interface endpoints in an isolated "
+                       "VPC for no isolation gained.")
+        acknowledge_checkov(self.lambda_function, "CKV_AWS_117", outside_vpc)
+        acknowledge_guard(self.lambda_function, "CT.LAMBDA.PR.3", outside_vpc + VPC_GUIDANCE)
         acknowledge_checkov(
             self.lambda_function,
             "CKV_AWS_115",

@@ -33,7 +33,7 @@ from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
 from stacks.scaling_plan import ScalingTarget, plan_scaling
-from stacks.settings import EnvironmentSettings
+from stacks.settings import LOG_RETENTION_DAYS, EnvironmentSettings
 
 VARIANT_NAME = "AllTraffic"
 
@@ -65,7 +65,7 @@ class ServingStack(cdk.Stack):
             availability_zone_count=settings.network.availability_zone_count,
             encryption_key=encryption_key,
             flow_log_retention=getattr(
-                logs.RetentionDays, _RETENTION[settings.network.flow_log_retention_days]
+                logs.RetentionDays, LOG_RETENTION_DAYS[settings.network.flow_log_retention_days]
             ),
         )
         # Referenced by its fixed name (no cross-stack export to pin the foundation stack).
@@ -85,13 +85,14 @@ class ServingStack(cdk.Stack):
             artifact_bucket=artifact_bucket,
             encryption_key=encryption_key,
             base_model_root=quantization.base_model_root,
-            output_prefix=settings.quantized_model_prefix,
+            candidates_prefix=quantization.candidates_prefix,
             reports_prefix=quantization.reports_prefix,
+            instance_type=quantization.instance_type,
             network=self.network,
         )
         self.network.allow_s3_writes(object_arns=[
             artifact_bucket.arn_for_objects(f"{prefix}/*")
-            for prefix in (settings.quantized_model_prefix, quantization.reports_prefix)
+            for prefix in (quantization.candidates_prefix, quantization.reports_prefix)
         ])
 
         llm, intent = settings.llm, settings.intent
@@ -156,6 +157,11 @@ class ServingStack(cdk.Stack):
             resource_ids=[tier.resource_id for tier in tiers.values()],
             encryption_key=encryption_key,
         )
+        # Its every-minute schedule starts once both variants are registered (after the
+        # endpoints are InService: up to 2 x 1,200 s on g5); before, every run would find no
+        # scalable target.
+        for tier in tiers.values():
+            self.scaling_limits.schedule_rule.node.add_dependency(tier.scaling.scalable_target)
 
         self.calendar_reconciler: ReleaseCalendarReconciler | None = None
         if scaling_plan.calendar_json is not None:
@@ -171,7 +177,8 @@ class ServingStack(cdk.Stack):
                 horizon_days=calendar.horizon_days,
                 daily_run_utc=(hour, minute),
                 encryption_key=encryption_key,
-                log_retention=getattr(logs.RetentionDays, _RETENTION[calendar.log_retention_days]),
+                log_retention=getattr(logs.RetentionDays,
+                                      LOG_RETENTION_DAYS[calendar.log_retention_days]),
                 alarm_topic=alarm_topic,
             )
             # Reconcile only once the scalable targets exist; it may write only tagged ones.
@@ -203,6 +210,9 @@ class ServingStack(cdk.Stack):
                       value=cdk.Fn.join(",", self.network.subnet_ids))
         cdk.CfnOutput(self, job_outputs.JOB_SECURITY_GROUP_ID,
                       value=self.network.ec2_security_group.security_group_id)
+        cdk.CfnOutput(self, job_outputs.LLM_MODEL_PREFIX, value=layout.llm.read_prefix,
+                      description="The prefix the LLM endpoint serves (make promote never writes "
+                      "it and copies the adapters from it).")
 
 
 def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:
@@ -217,6 +227,3 @@ def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:
         "source": fleet.source,
     }
 
-
-_RETENTION = {7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH", 60: "TWO_MONTHS",
-              90: "THREE_MONTHS", 180: "SIX_MONTHS", 365: "ONE_YEAR"}

@@ -74,6 +74,19 @@ class SettingsError(ValueError):
     """A configuration file is missing, unreadable or invalid. The message is for a person."""
 
 
+LOG_RETENTION_DAYS: dict[int, str] = {
+    365: "ONE_YEAR", 400: "THIRTEEN_MONTHS", 545: "EIGHTEEN_MONTHS", 731: "TWO_YEARS",
+    1096: "THREE_YEARS", 1827: "FIVE_YEARS", 2192: "SIX_YEARS", 2557: "SEVEN_YEARS",
+    2922: "EIGHT_YEARS", 3288: "NINE_YEARS", 3653: "TEN_YEARS",
+}
+"""CloudWatch Logs retention periods of a year or more (PutRetentionPolicy's allowed values) ->
+CDK's ``RetentionDays`` member. Shorter ones are refused: AWS Control Tower's proactive control
+CT.CLOUDWATCH.PR.2 "Require an Amazon CloudWatch log group to be retained for at least one year",
+and a year of these small log groups costs cents (docs/design-decisions.md#log-retention)."""
+
+LogRetentionDays = Literal[365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653]
+
+
 class _Strict(BaseModel):
     """Base for every settings model: unknown keys are errors, values are immutable."""
 
@@ -323,7 +336,8 @@ class NetworkSettings(_Strict):
         description="AZs of the isolated subnets, chosen by CloudFormation (Fn::GetAZs) in the "
         "stack's region, so synth never looks them up.",
     )
-    flow_log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+    flow_log_retention_days: LogRetentionDays = Field(
+        365, description="VPC flow logs. At least a year (AWS Control Tower CT.CLOUDWATCH.PR.2).")
 
 
 class EndpointAlarmSettings(_Strict):
@@ -993,7 +1007,9 @@ class ReleaseCalendarSettings(_Strict):
     daily_run_utc: LocalTime = Field(
         "15:05", description="When the Lambda reconciles every day, UTC (15:05 = 00:05 JST)."
     )
-    log_retention_days: Literal[7, 14, 30, 60, 90, 180, 365] = 90
+    log_retention_days: LogRetentionDays = Field(
+        365, description="The reconciler's logs. At least a year (AWS Control Tower "
+        "CT.CLOUDWATCH.PR.2).")
 
     @field_validator("file")
     @classmethod
@@ -1067,10 +1083,12 @@ class QuantizationJobSettings(_Strict):
         description="Prefix in the artifact bucket under which base models are uploaded; the "
         "job's role reads nothing else.",
     )
-    output_prefix: S3Prefix | None = Field(
-        None,
-        description="Where a gated model is uploaded (default: llm.model.artifact_prefix). Set "
-        "a new prefix here first, deploy, quantize, then point llm.model.artifact_prefix at it.",
+    candidates_prefix: S3Prefix = Field(
+        "quantization/models",
+        description="Where each run that passes its gate uploads its model, with its own "
+        "artifact-manifest.json: <candidates_prefix>/<run id>/. Never served from there and never "
+        "written over the served prefix; `make promote` copies a run's model, checked, to "
+        "llm.model.artifact_prefix.",
     )
     reports_prefix: S3Prefix = Field(
         "quantization/runs", description="Every run's quality_gate.md/json, pass or fail."
@@ -1147,32 +1165,30 @@ class EnvironmentSettings(_Strict):
                     f"{role_account}; accepted: a role in this environment's account "
                     f"{self.account}"
                 )
-        quant = self.quantization
-        output = self.quantized_model_prefix
-        served = self.llm.model.artifact_prefix
-        for label, prefix in (("quantization.base_model_root", quant.base_model_root),
-                              ("quantization.reports_prefix", quant.reports_prefix)):
-            if _overlaps(prefix, output) or _overlaps(prefix, served):
-                raise ValueError(
-                    f"{label}: {prefix!r} overlaps the model prefix {output!r}; accepted: a "
-                    "prefix outside the served model's"
-                )
-        if _overlaps(output, self.intent.artifact_key.rsplit("/", 1)[0]):
-            raise ValueError(
-                f"quantization.output_prefix: {output!r} overlaps the intent model "
-                f"{self.intent.artifact_key!r}; accepted: a prefix of its own"
-            )
-        if _overlaps(quant.base_model_root, quant.reports_prefix):
-            raise ValueError(
-                f"quantization.reports_prefix: {quant.reports_prefix!r} overlaps "
-                f"quantization.base_model_root {quant.base_model_root!r}"
-            )
-        return self
+        return self._quantization_prefixes_apart()
 
-    @property
-    def quantized_model_prefix(self) -> str:
-        """Where the quantization job uploads a model that passed the gate."""
-        return self.quantization.output_prefix or self.llm.model.artifact_prefix
+    def _quantization_prefixes_apart(self) -> EnvironmentSettings:
+        quant = self.quantization
+        served = self.llm.model.artifact_prefix
+        intent = self.intent.artifact_key.rsplit("/", 1)[0]
+        prefixes = {"quantization.base_model_root": quant.base_model_root,
+                    "quantization.candidates_prefix": quant.candidates_prefix,
+                    "quantization.reports_prefix": quant.reports_prefix}
+        for label, prefix in prefixes.items():
+            if _overlaps(prefix, served):
+                raise ValueError(
+                    f"{label}: {prefix!r} overlaps the model prefix {served!r}; accepted: a "
+                    "prefix outside the served model's")
+            if _overlaps(prefix, intent):
+                raise ValueError(f"{label}: {prefix!r} overlaps the intent model "
+                                 f"{self.intent.artifact_key!r}; accepted: a prefix of its own")
+        labels = list(prefixes)
+        for index, first in enumerate(labels):
+            for second in labels[index + 1:]:
+                if _overlaps(prefixes[first], prefixes[second]):
+                    raise ValueError(f"{second}: {prefixes[second]!r} overlaps {first} "
+                                     f"{prefixes[first]!r}")
+        return self
 
     @property
     def resource_prefix(self) -> str:
@@ -1281,9 +1297,7 @@ def load_settings(name: str, *, config_dir: Path = CONFIG_DIR) -> EnvironmentSet
     path = config_dir / f"{name}.yaml"
     source = _display_path(path)
     if not path.is_file():
-        available = sorted(
-            p.stem for p in config_dir.glob("*.yaml") if p.stem != "release_calendar"
-        )
+        available = available_environments(config_dir)
         raise SettingsError(
             f"{source}: no such environment file; available environments: {', '.join(available)}"
         )
@@ -1299,6 +1313,11 @@ def load_settings(name: str, *, config_dir: Path = CONFIG_DIR) -> EnvironmentSet
             f"{source}: name: {settings.name!r} is not accepted: must equal the file name {name!r}"
         )
     return settings
+
+
+def available_environments(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The environments ``config_dir`` defines: every ``<name>.yaml`` but the release calendar."""
+    return sorted(p.stem for p in config_dir.glob("*.yaml") if p.stem != "release_calendar")
 
 
 def load_environments(

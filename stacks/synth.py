@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -46,9 +46,13 @@ def synthesize(
     *,
     outdir: str | None = None,
     stderr: TextIO = sys.stderr,
+    context: Mapping[str, Any] | None = None,
 ) -> int:
-    """Build and synthesize the app; return a process exit code."""
-    app = cdk.App(outdir=outdir, context=feature_flags())
+    """Build and synthesize the app; return a process exit code.
+
+    ``context`` adds context values, as cdk.context.json gives the CLI's synth its lookups.
+    """
+    app = cdk.App(outdir=outdir, context={**feature_flags(), **(context or {})})
     names = list(environments) if environments else environment_names(app)
     config_dir = Path(os.environ.get("MANGAASSIST_CONFIG_DIR", CONFIG_DIR))
     try:

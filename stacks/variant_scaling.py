@@ -40,6 +40,28 @@ CAPACITY_METADATA_KEY = "MangaAssist::Capacity"
 """Template metadata of each scalable target: the capacity model's per-instance figures."""
 
 
+FIRST_DEPLOYED_INSTANCE_TYPES = frozenset({"ml.g5.xlarge", "ml.inf1.xlarge"})
+"""The instance types the variants were first deployed with: their scalable targets keep the
+construct id ``Target`` they had (renaming a deployed target would make CloudFormation delete the
+old one, which deregisters the variant it just registered again)."""
+
+
+def scalable_target_id(instance_type: str) -> str:
+    """The scalable target's construct id: one per instance type of the variant.
+
+    SageMaker refuses to change the instance type of a variant registered with Application Auto
+    Scaling ("If the update would change the instance type for any model that is a target for
+    auto scaling, the update fails", "Update endpoints that use auto scaling"). So an
+    instance-type change (``intent.target`` inf1 -> inf2) gets a new scalable target, created
+    after the endpoint update; the old one is retained (DeletionPolicy Retain), never deleted by
+    CloudFormation, because ``tools/instance_switch.py`` deregistered it before the deploy and
+    deleting it afterwards would deregister the new registration of the same variant.
+    """
+    if instance_type in FIRST_DEPLOYED_INSTANCE_TYPES:
+        return "Target"
+    return "Target" + "".join(part.capitalize() for part in instance_type.split("."))
+
+
 def variant_resource_id(endpoint_name: str, variant_name: str) -> str:
     """Application Auto Scaling's id of a variant: both the endpoint and the variant name."""
     return f"endpoint/{endpoint_name}/variant/{variant_name}"
@@ -82,6 +104,7 @@ class VariantScaling(Construct):
         fleet: FleetPlan,
         scheduled_actions: Sequence[ScheduledCapacity],
         capacity_metadata: Mapping[str, Any],
+        instance_type: str,
     ) -> None:
         super().__init__(scope, id_)
         if len(scheduled_actions) > MAX_ACTIONS_PER_TARGET:
@@ -92,7 +115,7 @@ class VariantScaling(Construct):
         self.resource_id = variant_resource_id(endpoint_name, variant_name)
         self.scalable_target = appscaling.ScalableTarget(
             self,
-            "Target",
+            scalable_target_id(instance_type),
             service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
             resource_id=self.resource_id,
             scalable_dimension=SCALABLE_DIMENSION,
@@ -104,6 +127,11 @@ class VariantScaling(Construct):
         cfn_target = self.scalable_target.node.default_child
         assert isinstance(cfn_target, cdk.CfnResource)
         cfn_target.add_metadata(CAPACITY_METADATA_KEY, dict(capacity_metadata))
+        # Never deregistered by CloudFormation: a stack deletion deletes the endpoint, and
+        # "Application Auto Scaling deregisters those models as scalable targets" then ("Delete
+        # endpoints configured for auto scaling"); an instance-type change deregisters it first
+        # (scalable_target_id says why).
+        cfn_target.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
 
         self.target_tracking_policies: list[appscaling.TargetTrackingScalingPolicy] = []
         if settings.tracks_invocations:

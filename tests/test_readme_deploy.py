@@ -134,9 +134,10 @@ def test_the_preflight_lines_shown_are_the_ones_printed() -> None:
     requirement = BootstrapRequirement(6, "/cdk-bootstrap/hnb659fds/version")
     assert shown[0] == bootstrap_problem(requirement, deployed_version=None, toolkit_status=None,
                                          account=settings.account, region=settings.region)
-    needs = quota_needs(settings)
+    needs = quota_needs(settings, [load_settings("dev")])
     quotas = {need.quota_name: (2.0, "L-...") for need in needs}
-    assert shown[1] == quota_problems(needs, quotas, region=settings.region)[0]
+    endpoint = [n for n in needs if n.usage == "endpoint"]
+    assert shown[1] == quota_problems(endpoint, quotas, region=settings.region)[0]
 
 
 def test_the_deployment_refusals_shown_are_the_ones_printed() -> None:

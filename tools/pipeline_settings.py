@@ -10,17 +10,23 @@ missing ``delivery`` section fails the job with the settings' own message.
 
     python -m tools.pipeline_settings --env dev            # key=value lines on stdout
     python -m tools.pipeline_settings --env dev --github-output   # appended to $GITHUB_OUTPUT
+    python -m tools.pipeline_settings --env dev --deploy-role-policy   # the role's permissions
+
+The deploy role's permissions policy is what tools/deploy_role.py builds for the environment
+(docs/delivery.md: how to attach it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, SettingsError, load_settings
+from tools.deploy_role import DeployRoleError, deploy_role_policy
 
 
 class PipelineSettingsError(ValueError):
@@ -54,6 +60,17 @@ def render(values: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in values.items())
 
 
+def print_policy(env: str, config_dir: Path) -> int:
+    """Print the deploy role's permissions policy of ``env``; the exit status."""
+    try:
+        policy = deploy_role_policy(load_settings(env, config_dir=config_dir))
+    except (SettingsError, DeployRoleError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(policy, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.pipeline_settings", description=__doc__.splitlines()[0]
@@ -61,11 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
     parser.add_argument("--github-output", action="store_true",
                         help="append to the file named by $GITHUB_OUTPUT instead of stdout")
+    parser.add_argument("--deploy-role-policy", action="store_true",
+                        help="print the deploy role's permissions policy (JSON) and exit")
     parser.add_argument("--expect-github-environment", metavar="NAME",
                         help="fail unless delivery.github_environment is NAME (the job's "
                              "`environment:`), so a workflow cannot deploy prod from dev's job")
     args = parser.parse_args(argv)
     config_dir = Path(os.environ.get("MANGAASSIST_CONFIG_DIR", CONFIG_DIR))
+    if args.deploy_role_policy:
+        return print_policy(args.env, config_dir)
     try:
         values = pipeline_values(load_settings(args.env, config_dir=config_dir))
         if (args.expect_github_environment is not None

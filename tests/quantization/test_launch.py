@@ -1,20 +1,30 @@
-"""The quantization launcher: the real sagemaker SDK (v3, .venv-sagemaker) against a moto server.
+"""The quantization launcher: the real sagemaker SDK (v3, .venv-sagemaker) against a moto server,
+for the ml.g5.4xlarge training instance the settings name, and the promotion after it.
 
 moto stores CreateTrainingJob requests and marks every job Completed at once; it runs nothing.
 The server here therefore gets a stand-in for the job's run (:class:`SimulatedQuantizeJob`): it
-records the request as the SDK sent it, walks the job through SageMaker's statuses over a few
-DescribeTrainingJob calls, and then does to S3 what ``containers/quantize/quantize-job`` does
-(tests/quantization/test_quantize_cpu.py checks that script): the gate reports to REPORT_S3_URI
-always, the model to ARTIFACT_S3_URI only when the gate passes, and a Failed job with the
-failed checks as FailureReason otherwise. The gate reports are real ones (quantization.gate).
+records the request as the SDK sent it, refuses what SageMaker refuses for the instance type
+("Local storage volumes are encrypted using a hardware module on the instance. You can't request
+a VolumeKmsKeyId when using an instance type with local storage", SageMaker API Reference,
+ResourceConfig, https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ResourceConfig.html),
+walks the job through SageMaker's statuses over a few DescribeTrainingJob calls, and then does
+to S3 what ``containers/quantize/quantize-job`` does (tests/quantization/test_quantize_cpu.py
+runs that script): the gate reports to REPORT_S3_URI always; when the gate passes, the model as
+a candidate at ARTIFACT_S3_URI (the run's own prefix, each object with its SHA-256, the
+candidate's artifact-manifest.json last); and a Failed job with the failed checks as
+FailureReason otherwise. The gate reports are real ones (quantization.gate). Then
+``python -m tools.promote`` (``make promote``) makes the candidate the LLM's model data at a new
+prefix, against the same server.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,18 +34,26 @@ import boto3
 import pytest
 from moto.sagemaker import models as sagemaker_models
 from moto.sagemaker import responses as sagemaker_responses
+from moto.sagemaker.exceptions import ValidationError
 from moto.server import ThreadedMotoServer
 
+from artifact_manifest import MANIFEST_FILE, artifact_files_from_json
+from gpu_budget import instance_type as catalog_instance
 from quantization import job_outputs
+from quantization.candidate import write_manifest
 from quantization.gate import render_markdown, report_to_dict
 from quantization.scoring import EvalItem, TitleCatalog
 from tests.quantization.test_gate import gate, good_answer
+from tests.tools.artifact_fixtures import write_adapters, write_model_dir
+from tools.publish.__main__ import main as publish
+from tools.publish.upload import SHA256_METADATA
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGION = "ap-northeast-1"
 ACCOUNT = "123456789012"
 BUCKET = f"manga-assist-prod-models-{ACCOUNT}-{REGION}"
 SERVED_PREFIX = "models/llama-3-8b-instruct-awq"
+NEW_PREFIX = "models/llama-3-8b-instruct-awq-next"
 BASE_PREFIX = "base-models/Meta-Llama-3-8B-Instruct"
 IMAGE_URI = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets:quantize"
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/Prod-Serving-QuantizationJobRole"
@@ -62,6 +80,8 @@ class SimulatedQuantizeJob:
     gate_markdown: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
     describes: dict[str, int] = field(default_factory=dict)
+    served_keys: set[str] = field(default_factory=set)
+    """What make publish left at the served prefix before any run."""
 
     STEPS = (("InProgress", "Starting", "Preparing the instances for training"),
              ("InProgress", "Downloading", "Downloading input data"),
@@ -69,6 +89,13 @@ class SimulatedQuantizeJob:
 
     def on_create(self, body: dict[str, Any]) -> None:
         self.requests.append(body)
+        resources = body.get("ResourceConfig", {})
+        instance = resources.get("InstanceType", "")
+        if "VolumeKmsKeyId" in resources and catalog_instance(instance).local_instance_storage:
+            raise ValidationError(
+                "Local storage volumes are encrypted using a hardware module on the instance. "
+                f"You can't request a VolumeKmsKeyId when using an instance type with local "
+                f"storage ({instance}).")
 
     def on_describe(self, job: Any) -> None:
         count = self.describes.get(job.training_job_name, 0)
@@ -81,6 +108,23 @@ class SimulatedQuantizeJob:
             return
         if count == len(self.STEPS):
             self._finish(job)
+
+    def _upload_candidate(self, s3: Any, uri: str, report_json: str,
+                          kms: dict[str, str]) -> None:
+        """What quantize-job uploads once the gate passed (quantization.candidate's manifest,
+        each file with its SHA-256, the manifest last)."""
+        bucket, prefix = uri[5:].split("/", 1)
+        with tempfile.TemporaryDirectory() as scratch:
+            directory = write_model_dir(Path(scratch) / "quantized", weights_bytes=4096)
+            (directory / "quality_gate.json").write_text(report_json)
+            (directory / "quality_gate.md").write_text(self.gate_markdown)
+            manifest = write_manifest(directory)
+            for name, digest in sorted(manifest.files.items()):
+                s3.put_object(Bucket=bucket, Key=f"{prefix}{name}",
+                              Body=(directory / name).read_bytes(),
+                              Metadata={SHA256_METADATA: digest.sha256}, **kms)
+            body = (directory / MANIFEST_FILE).read_bytes()
+            s3.put_object(Bucket=bucket, Key=f"{prefix}{MANIFEST_FILE}", Body=body, **kms)
 
     def _finish(self, job: Any) -> None:
         request = next(r for r in self.requests if r["TrainingJobName"] == job.training_job_name)
@@ -95,13 +139,7 @@ class SimulatedQuantizeJob:
             s3.put_object(Bucket=report_bucket, Key=f"{report_prefix}{name}",
                           Body=body.encode(), **kms)
         if self.gate_report["passed"]:
-            model_bucket, model_prefix = env["ARTIFACT_S3_URI"][5:].split("/", 1)
-            for name, body in (("config.json", '{"quantization_config": {}}'),
-                               ("model.safetensors", "weights"),
-                               ("quality_gate.json", report_json),
-                               ("quality_gate.md", self.gate_markdown)):
-                s3.put_object(Bucket=model_bucket, Key=f"{model_prefix}{name}",
-                              Body=body.encode(), **kms)
+            self._upload_candidate(s3, env["ARTIFACT_S3_URI"], report_json, kms)
             job.training_job_status, job.secondary_status = "Completed", "Completed"
         else:
             failed = " ".join(f"- **{name}**" for name in self.gate_report["failed_checks"])
@@ -119,7 +157,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def aws(eval_items: list[EvalItem], catalog: TitleCatalog) -> Iterator[SimulatedQuantizeJob]:
+def aws(eval_items: list[EvalItem], catalog: TitleCatalog,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedQuantizeJob]:
     """A moto server with the Prod stacks' outputs, the bucket, and the simulated job."""
     port = free_port()
     job = SimulatedQuantizeJob(endpoint_url=f"http://127.0.0.1:{port}")
@@ -146,28 +185,39 @@ def aws(eval_items: list[EvalItem], catalog: TitleCatalog) -> Iterator[Simulated
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         try:
-            _provision(job.endpoint_url)
+            _provision(job.endpoint_url, tmp_path_factory.mktemp("published"))
+            job.served_keys = s3_keys(job, SERVED_PREFIX)
             yield job
         finally:
             server.stop()
 
 
-def _provision(endpoint_url: str) -> None:
+class ServerSession:
+    """A boto3 session whose clients talk to the moto server (what tools.publish is given)."""
+
+    def __init__(self, endpoint_url: str) -> None:
+        self.endpoint_url = endpoint_url
+
+    def client(self, name: str) -> Any:
+        return boto3.client(name, region_name=REGION, endpoint_url=self.endpoint_url,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def _provision(endpoint_url: str, tmp: Path) -> None:
     kwargs = {"region_name": REGION, "endpoint_url": endpoint_url,
               "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     key_arn = boto3.client("kms", **kwargs).create_key()["KeyMetadata"]["Arn"]
     s3 = boto3.client("s3", **kwargs)
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.put_object(Bucket=BUCKET, Key=f"{BASE_PREFIX}/config.json", Body=b"{}")
-    s3.put_object(Bucket=BUCKET, Key=f"{SERVED_PREFIX}/adapters/manga_domain/adapter_config.json",
-                  Body=b'{"r": 64}')
     outputs = {
         job_outputs.FOUNDATION_STACK: {job_outputs.ARTIFACT_BUCKET: BUCKET,
                                        job_outputs.PROJECT_KEY_ARN: key_arn},
         job_outputs.SERVING_STACK: {job_outputs.JOB_ROLE_ARN: ROLE_ARN,
                                     job_outputs.JOB_IMAGE_URI: IMAGE_URI,
                                     job_outputs.JOB_SUBNET_IDS: ",".join(SUBNETS),
-                                    job_outputs.JOB_SECURITY_GROUP_ID: SECURITY_GROUP},
+                                    job_outputs.JOB_SECURITY_GROUP_ID: SECURITY_GROUP,
+                                    job_outputs.LLM_MODEL_PREFIX: SERVED_PREFIX},
     }
     cloudformation = boto3.client("cloudformation", **kwargs)
     for stack, values in outputs.items():
@@ -175,6 +225,11 @@ def _provision(endpoint_url: str) -> None:
                     "Outputs": {key: {"Value": value} for key, value in values.items()}}
         cloudformation.create_stack(StackName=job_outputs.stack_name("Prod", stack),
                                     TemplateBody=json.dumps(template))
+    # What serves now: make publish's model and adapters at the served prefix.
+    code = publish(["--env", "prod", "--model", str(write_model_dir(tmp / "served")),
+                    "--adapters", str(write_adapters(tmp / "lora"))],
+                   session=ServerSession(endpoint_url), out=io.StringIO())
+    assert code == 0
 
 
 def launch(job: SimulatedQuantizeJob, *args: str) -> subprocess.CompletedProcess[str]:
@@ -215,15 +270,19 @@ def test_a_passing_gate_uploads_the_model_and_exits_0(
                                     "SecurityGroupIds": [SECURITY_GROUP]}
     key = request["OutputDataConfig"]["KmsKeyId"]
     assert key.startswith(f"arn:aws:kms:{REGION}:{ACCOUNT}:key/")
+    # g5 has local NVMe storage: no VolumeKmsKeyId (SageMaker refuses one); the launcher asks
+    # for no volume size either, and the SDK sends its default 30 GB, which SageMaker ignores
+    # there ("Available storage is fixed to the NVMe-type instance's storage capacity",
+    # ResourceConfig.VolumeSizeInGB; g5.4xlarge has a 600 GB NVMe SSD).
     assert request["ResourceConfig"] == {"InstanceType": "ml.g5.4xlarge", "InstanceCount": 1,
-                                         "VolumeSizeInGB": 100, "VolumeKmsKeyId": key}
+                                         "VolumeSizeInGB": 30}
     assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 14400
     [channel] = request["InputDataConfig"]
     assert channel["ChannelName"] == "model"
     assert channel["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{BUCKET}/{BASE_PREFIX}/"
     run_id = request["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
     assert request["Environment"] == {
-        "ARTIFACT_S3_URI": f"s3://{BUCKET}/{SERVED_PREFIX}/",
+        "ARTIFACT_S3_URI": f"s3://{BUCKET}/quantization/models/{run_id}/",
         "REPORT_S3_URI": f"s3://{BUCKET}/quantization/runs/{run_id}/",
         "ARTIFACT_KMS_KEY_ID": key,
         "AWQ_BACKEND": "llm-compressor",
@@ -243,11 +302,100 @@ def test_a_passing_gate_uploads_the_model_and_exits_0(
                       "progress.",
                       "Completed  Completed: Training job completed"]
     assert "quality gate: PASSED" in lines
+    assert "  volume      the instance's NVMe storage (hardware-encrypted; no VolumeKmsKeyId)" \
+        in lines
     assert any(line.startswith("  ok   score_ja: measured 5") for line in lines)
-    assert lines[-1] == f"quality gate: PASSED; model uploaded to s3://{BUCKET}/{SERVED_PREFIX}/"
-    assert {f"{SERVED_PREFIX}/config.json", f"{SERVED_PREFIX}/quality_gate.md",
-            f"{SERVED_PREFIX}/adapters/manga_domain/adapter_config.json"} <= s3_keys(
-                aws, SERVED_PREFIX)
+    candidate = f"quantization/models/{run_id}"
+    assert lines[-1] == (f"quality gate: PASSED; candidate uploaded to s3://{BUCKET}/{candidate}/"
+                         f"; promote it with make promote ENV=prod RUN={run_id}")
+    assert f"{candidate}/{MANIFEST_FILE}" in s3_keys(aws, candidate)
+    # The served prefix is what make publish left: the job never writes it.
+    assert aws.served_keys == s3_keys(aws, SERVED_PREFIX)
+
+
+def test_the_launcher_and_the_sagemaker_sdk_agree_on_local_storage() -> None:
+    """The catalog's local_instance_storage decides VolumeKmsKeyId; the sagemaker SDK's own
+    instance_supports_kms() ("Returns True if SageMaker allows KMS keys to be attached to the
+    instance") must say the opposite for every GPU type we could train on."""
+    from gpu_budget.instances import _CATALOG_ROWS
+
+    gpus = [name for name in _CATALOG_ROWS if catalog_instance(name).accelerator_kind == "gpu"]
+    script = ("import json, sys\nfrom sagemaker.core.common_utils import instance_supports_kms\n"
+              "print(json.dumps({t: instance_supports_kms(t) for t in json.load(sys.stdin)}))")
+    result = subprocess.run([str(sagemaker_python()), "-c", script], input=json.dumps(gpus),
+                            capture_output=True, text=True, timeout=120, check=True)
+    sdk = json.loads(result.stdout)
+    assert {t: not catalog_instance(t).local_instance_storage for t in gpus} == sdk
+
+
+def test_a_volume_key_on_g5_is_what_sagemaker_refuses(aws: SimulatedQuantizeJob) -> None:
+    """Not vacuous: the server refuses the request the launcher used to send."""
+    sagemaker = boto3.client("sagemaker", region_name=REGION, endpoint_url=aws.endpoint_url,
+                             aws_access_key_id="testing", aws_secret_access_key="testing")
+    with pytest.raises(sagemaker.exceptions.ClientError, match="You can't request a "
+                       "VolumeKmsKeyId when using an instance type with local storage"):
+        sagemaker.create_training_job(
+            TrainingJobName="refused", RoleArn=ROLE_ARN,
+            AlgorithmSpecification={"TrainingImage": IMAGE_URI, "TrainingInputMode": "File"},
+            OutputDataConfig={"S3OutputPath": f"s3://{BUCKET}/x"},
+            ResourceConfig={"InstanceType": "ml.g5.4xlarge", "InstanceCount": 1,
+                            "VolumeSizeInGB": 100, "VolumeKmsKeyId": "arn:aws:kms:x"},
+            StoppingCondition={"MaxRuntimeInSeconds": 600})
+
+
+def make_on_server(aws: SimulatedQuantizeJob, *args: str, config: Path | None = None
+                   ) -> subprocess.CompletedProcess[str]:
+    """A make target of the README, against the moto server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_ENDPOINT_URL": aws.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing"})
+    if config is not None:
+        env["MANGAASSIST_CONFIG_DIR"] = str(config)
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+def promote_on_server(aws: SimulatedQuantizeJob, run_id: str, config: Path
+                      ) -> subprocess.CompletedProcess[str]:
+    return make_on_server(aws, "promote", "ENV=prod", f"RUN={run_id}", config=config)
+
+
+def test_a_passing_run_is_promoted_to_a_new_prefix_the_preflight_accepts(
+    aws: SimulatedQuantizeJob, eval_items: list[EvalItem], catalog: TitleCatalog,
+    tmp_path: Path,
+) -> None:
+    """make quantize (ml.g5.4xlarge), then make promote, on the moto server: the candidate and
+    the served adapters under one manifest at the new llm.model.artifact_prefix."""
+    use_gate(aws, gate(eval_items, catalog, good_answer))
+    sagemaker_python()  # make quantize runs in .venv-sagemaker
+    quantized = make_on_server(aws, "quantize", "ENV=prod", f"BASE_MODEL={BASE_PREFIX}",
+                               "QUANTIZE_FLAGS=--poll-s 0")
+    assert quantized.returncode == 0, quantized.stdout[-2000:] + quantized.stderr[-2000:]
+    assert aws.requests[-1]["ResourceConfig"]["InstanceType"] == "ml.g5.4xlarge"
+    assert "VolumeKmsKeyId" not in aws.requests[-1]["ResourceConfig"]
+    run_id = aws.requests[-1]["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
+    config = tmp_path / "config"
+    config.mkdir()
+    for name in ("dev.yaml", "prod.yaml"):
+        text = (REPO_ROOT / "config" / name).read_text()
+        (config / name).write_text(text.replace(f"artifact_prefix: {SERVED_PREFIX}\n",
+                                                f"artifact_prefix: {NEW_PREFIX}\n"))
+    result = promote_on_server(aws, run_id, config)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"promote: done; s3://{BUCKET}/{NEW_PREFIX}/ holds run {run_id}")
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=aws.endpoint_url,
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    manifest = artifact_files_from_json(s3.get_object(
+        Bucket=BUCKET, Key=f"{NEW_PREFIX}/{MANIFEST_FILE}")["Body"].read().decode())
+    assert {"config.json", "model.safetensors", "quality_gate.json",
+            "adapters/manga_domain/adapter_config.json"} <= set(manifest.files)
+    assert s3_keys(aws, NEW_PREFIX) == {f"{NEW_PREFIX}/{name}" for name in manifest.files} | {
+        f"{NEW_PREFIX}/{MANIFEST_FILE}"}
+    # Promoting again over the prefix that serves is refused (the config unchanged).
+    refused = promote_on_server(aws, run_id, REPO_ROOT / "config")
+    assert refused.returncode == 2
+    assert "is what Prod-Serving serves now" in refused.stderr
 
 
 def test_a_failing_gate_exits_1_says_why_and_uploads_no_model(
@@ -266,9 +414,10 @@ def test_a_failing_gate_exits_1_says_why_and_uploads_no_model(
     assert headline.startswith("quality gate: FAILED (")
     assert "score_ja" in headline and "score_en" not in headline
     assert any(line.startswith("  FAIL score_ja: measured 0") for line in result.stdout.splitlines())
-    assert result.stderr.strip().splitlines()[-1].endswith(
-        f"nothing was uploaded to s3://{BUCKET}/{SERVED_PREFIX}/")
     run_id = aws.requests[-1]["Environment"]["REPORT_S3_URI"].rstrip("/").rsplit("/", 1)[1]
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"nothing was uploaded to s3://{BUCKET}/quantization/models/{run_id}/")
+    assert s3_keys(aws, f"quantization/models/{run_id}") == set()
     assert s3_keys(aws, f"quantization/runs/{run_id}/") == {
         f"quantization/runs/{run_id}/quality_gate.json",
         f"quantization/runs/{run_id}/quality_gate.md"}

@@ -9,6 +9,7 @@ environment, with Llama-3's special tokens and chat template.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from artifact_manifest import MANIFEST_FILE, artifact_files_from_json, find_mismatch
 from quantization.checkpoint import (
     load_model_config,
     measure_checkpoint_weights,
@@ -214,7 +216,7 @@ def _run_job(
             "REPORT_DIR": str(tmp_path / "gate"),
             "FAILURE_FILE": str(tmp_path / "failure"),
             "EVAL_MAX_NEW_TOKENS": "6",
-            "ARTIFACT_S3_URI": "s3://artifacts-bucket/models/llama-3-8b-instruct-awq/",
+            "ARTIFACT_S3_URI": "s3://artifacts-bucket/quantization/models/job-1/",
             "REPORT_S3_URI": "s3://artifacts-bucket/quantization/runs/job-1/",
             **env,
         },
@@ -246,9 +248,12 @@ def test_job_fails_on_the_gate_says_why_and_uploads_only_the_reports(
     assert aws_log.read_text().split() == upload
 
 
-def test_job_uploads_a_passing_checkpoint_to_the_prefix_root(
+def test_job_uploads_a_passing_checkpoint_as_a_candidate_with_its_manifest(
     quant_python: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    """A passing run uploads a candidate to its own prefix (ARTIFACT_S3_URI, the launcher's
+    <candidates_prefix>/<run id>/), never the served one: every file with its SHA-256 in its
+    metadata, then artifact-manifest.json, which lists each of them."""
     # Thresholds a random tiny model can meet, to exercise the pass path end to end.
     result, aws_log = _run_job(
         quant_python, tiny_model_dir, tmp_path,
@@ -257,13 +262,25 @@ def test_job_uploads_a_passing_checkpoint_to_the_prefix_root(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     sse = ["--sse", "aws:kms", "--sse-kms-key-id", "alias/artifacts"]
-    assert aws_log.read_text().split() == [
-        *(part.replace("{gate}", str(tmp_path / "gate")) for part in REPORT_UPLOAD), *sse,
-        "s3", "sync", f"{tmp_path}/quantized/", "s3://artifacts-bucket/models/llama-3-8b-instruct-awq/",
-        "--exclude", "adapters/*", "--only-show-errors", *sse,
-    ]  # fmt: skip
-    for report in ("quality_gate.json", "quality_gate.md"):  # travel with the weights
-        assert (tmp_path / "quantized" / report).is_file()
+    calls = [line.split() for line in aws_log.read_text().splitlines()]
+    assert calls[0] == [*(part.replace("{gate}", str(tmp_path / "gate"))
+                          for part in REPORT_UPLOAD), *sse]
+    quantized = tmp_path / "quantized"
+    manifest = artifact_files_from_json((quantized / MANIFEST_FILE).read_text())
+    assert find_mismatch(quantized, manifest) is None
+    assert {"config.json", "quality_gate.json", "quality_gate.md", "tokenizer.json"} <= set(
+        manifest.files)
+    candidate = "s3://artifacts-bucket/quantization/models/job-1"
+    assert calls[1:-1] == [
+        ["s3", "cp", f"{quantized}/{name}", f"{candidate}/{name}",
+         "--metadata", f"sha256={manifest.files[name].sha256}", "--only-show-errors", *sse]
+        for name in sorted(manifest.files)]
+    manifest_digest = hashlib.sha256((quantized / MANIFEST_FILE).read_bytes()).hexdigest()
+    assert calls[-1] == ["s3", "cp", f"{quantized}/{MANIFEST_FILE}", f"{candidate}/{MANIFEST_FILE}",
+                         "--metadata", f"sha256={manifest_digest}", "--content-type",
+                         "application/json", "--only-show-errors", *sse]
+    assert not any("sync" in call or "models/llama-3-8b-instruct-awq" in " ".join(call)
+                   for call in calls)
     assert not (tmp_path / "failure").exists()
 
 

@@ -180,12 +180,62 @@ def test_capacity_pinned_compares_with_the_maximum_in_force(
 
 @pytest.mark.parametrize("prefix", [PREFIX, INTENT_PREFIX])
 def test_a_missing_maximum_in_force_warns(alarms: dict[str, dict[str, Any]], prefix: str) -> None:
+    """The failure is the metric's absence: "missing" data handling, and a notification on
+    INSUFFICIENT_DATA — "if all data points in the alarm evaluation range are missing, the alarm
+    transitions to INSUFFICIENT_DATA" (CloudWatch User Guide, "Configuring how CloudWatch alarms
+    treat missing data",
+    https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/alarms-and-missing-data.html)."""
     alarm = alarms[f"{prefix}-capacity-limits-missing"]
     assert (alarm["MetricName"], alarm["Statistic"]) == ("MaxCapacityInForce", "SampleCount")
     assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "LessThanThreshold")
-    assert alarm["TreatMissingData"] == "breaching"  # no datapoint at all is the failure
+    assert alarm["TreatMissingData"] == "missing"
     assert alarm["Period"] * alarm["EvaluationPeriods"] == 900
     assert alarm["AlarmActions"], "a warning notifies the topic directly"
+    assert alarm["InsufficientDataActions"] == alarm["AlarmActions"]
+
+
+def depends_on(resource: dict[str, Any]) -> set[str]:
+    value = resource.get("DependsOn", [])
+    return {value} if isinstance(value, str) else set(value)
+
+
+@pytest.mark.parametrize("environment", ["Dev", "Prod"])
+def test_nothing_pages_during_the_first_deploy(synthesized: Any, environment: str) -> None:
+    """The endpoints take up to their two start-up timeouts (2 x 1,200 s on g5) to be InService,
+    and only then can Application Auto Scaling register their variants; until then the
+    scaling-limits Lambda has nothing to publish. So:
+
+    * no alarm watching the published maximum treats missing data as breaching: a new alarm is
+      evaluated at once ("When this operation creates an alarm, the alarm state is immediately
+      set to INSUFFICIENT_DATA. The alarm is then evaluated and its state is set appropriately.
+      Any actions associated with the new state are then executed", CloudWatch API Reference,
+      PutMetricAlarm), and three missing periods read as breaching would be ALARM at creation;
+      with "missing" it stays INSUFFICIENT_DATA, which is no state change, and "the actions
+      happen only on state transitions" (CloudWatch User Guide, "Alarm actions",
+      https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/alarm-actions.html);
+    * those alarms and the every-minute schedule are created after both scalable targets
+      (DependsOn), so they start when the metric can exist.
+    """
+    template = synthesized.template(f"{environment}/Serving")
+    resources = template["Resources"]
+    targets = {k for k, r in resources.items()
+               if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"}
+    assert len(targets) == 2
+    watching = {k: r for k, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm"
+                and "MaxCapacityInForce" in json.dumps(r["Properties"])}
+    assert watching
+    for logical_id, alarm in watching.items():
+        missing = alarm["Properties"].get("TreatMissingData", "missing")
+        assert missing != "breaching", logical_id
+    limits = [k for k, r in watching.items()
+              if r["Properties"]["AlarmName"].endswith("-capacity-limits-missing")]
+    assert len(limits) == 2
+    for logical_id in limits:
+        own_target = [t for t in targets if t.split("Scaling")[0] == logical_id.split("Alarms")[0]]
+        assert own_target and set(own_target) <= depends_on(resources[logical_id]), logical_id
+    [schedule] = [k for k, r in resources.items() if r["Type"] == "AWS::Events::Rule"
+                  and r["Properties"].get("ScheduleExpression") == "rate(1 minute)"]
+    assert targets <= depends_on(resources[schedule])
 
 
 def test_warnings_notify_the_topic_and_pages_go_through_the_composite(

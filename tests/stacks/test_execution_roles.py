@@ -117,3 +117,43 @@ def test_the_llm_role_reads_its_rollback_alarms_and_the_inf1_role_has_none(
     assert granting(role_statements(template, "llm"), "cloudwatch:DescribeAlarms")
     # Inf1 has no deployment guardrails, hence no auto-rollback alarms to read.
     assert not granting(role_statements(template, "intent"), "cloudwatch:DescribeAlarms")
+
+
+LOG_STREAM_ACTIONS = ("logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams")
+
+
+def test_every_log_permission_names_the_log_group_in_the_form_iam_needs(
+        synthesized, stage: str) -> None:  # type: ignore[no-untyped-def]
+    """CloudWatch Logs User Guide, "Overview of managing access permissions to your CloudWatch
+    Logs resources"
+    (https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/iam-access-control-overview-cwl.html):
+    a log group has two ARNs, ``arn:aws:logs:region:account-id:log-group:log_group_name`` and the
+    same with ``:*``; "Use the second version, with the trailing :*, to refer to the ARN when
+    specifying permissions in IAM policies for all other API actions" than tagging. A statement
+    that names only ``log-group:NAME`` and ``…:log-stream:*`` leaves SageMaker's log shipping to
+    chance, and with it every EMF metric and the alarms on them.
+
+    Every statement of either Serving stack that grants a log-stream action on a named log group
+    (the endpoints' execution roles, the quantization job's role) includes ``log-group:NAME:*``.
+    """
+    template = synthesized.template(f"{stage}/Serving")
+    named: list[tuple[str, list[str]]] = []
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) \
+                else [statement["Action"]]
+            literal = [r for r in resources(statement) if ":log-group:/aws/sagemaker/" in r]
+            if statement["Effect"] == "Allow" and set(actions) & set(LOG_STREAM_ACTIONS) \
+                    and literal:
+                named.append((statement.get("Sid", "?"), literal))
+    assert sorted(sid for sid, _ in named) == ["EndpointLogs", "EndpointLogs", "TrainingLogs"]
+    for sid, arns in named:
+        groups = {arn.split(":log-group:")[1].split(":")[0] for arn in arns}
+        assert len(groups) == 1, (sid, arns)
+        (group,) = groups
+        prefix = f"arn:aws:logs:ap-northeast-1:123456789012:log-group:{group}"
+        assert sorted(arns) == [prefix, f"{prefix}:*"], (sid, arns)
+        stream = f"{prefix}:log-stream:AllTraffic/i-0123456789abcdef0"
+        assert any(_glob(arn, stream, ignore_case=False) for arn in arns), (sid, arns)

@@ -9,6 +9,7 @@ Your Amazon VPC", https://docs.aws.amazon.com/sagemaker/latest/dg/train-vpc.html
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -42,20 +43,30 @@ def test_every_output_the_launcher_reads_exists(synthesized) -> None:  # type: i
             assert set(keys) <= set(outputs), (stage, stack)
 
 
-def test_role_reads_base_models_and_writes_only_the_model_and_reports(
+def test_role_reads_base_models_and_writes_only_candidates_and_reports(
     serving: dict[str, Any],
 ) -> None:
+    """The job never writes the served prefix: a run's model goes to its own versioned prefix
+    under quantization.candidates_prefix, and `make promote` copies it, checked."""
     statements = role_statements(serving)
     assert statements["ReadBaseModels"]["Resource"] == f"arn:aws:s3:::{BUCKET}/base-models/*"
     assert statements["WriteModelAndReports"]["Resource"] == [
-        f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/*",
+        f"arn:aws:s3:::{BUCKET}/quantization/models/*",
         f"arn:aws:s3:::{BUCKET}/quantization/runs/*"]
-    deny = statements["NeverTouchAdapters"]
-    assert deny["Effect"] == "Deny"
-    assert deny["Resource"] == f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/adapters/*"
-    assert statements["VolumeKeyGrant"]["Condition"] == {
-        "Bool": {"kms:GrantIsForAWSResource": "true"}}
     assert "s3:DeleteObject" not in str(statements["WriteModelAndReports"]["Action"])
+    served = f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/"
+    assert served not in json.dumps(list(statements.values()))
+
+
+def test_no_volume_key_grant_for_a_training_instance_with_local_storage(
+    serving: dict[str, Any],
+) -> None:
+    """ml.g5.4xlarge has NVMe instance storage: "Local storage volumes are encrypted using a
+    hardware module on the instance. You can't request a VolumeKmsKeyId when using an instance
+    type with local storage" (SageMaker API Reference, ResourceConfig,
+    https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ResourceConfig.html), so the
+    role needs no kms:CreateGrant for a volume."""
+    assert "VolumeKeyGrant" not in role_statements(serving)
 
 
 def test_role_trusts_only_sagemaker_in_this_account(serving: dict[str, Any]) -> None:
@@ -76,5 +87,5 @@ def test_the_s3_endpoint_lets_the_subnets_write_only_the_job_outputs(
               if "s3:PutObject" in s["Action"]]
     assert len(writes) == 1
     assert writes[0]["Resource"] == [
-        f"arn:aws:s3:::{BUCKET}/models/llama-3-8b-instruct-awq/*",
+        f"arn:aws:s3:::{BUCKET}/quantization/models/*",
         f"arn:aws:s3:::{BUCKET}/quantization/runs/*"]

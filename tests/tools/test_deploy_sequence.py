@@ -1,8 +1,10 @@
-"""`make deploy ENV=<env>` deploys an empty account in order: Foundation, preflight, Serving.
+"""`make deploy ENV=<env>` deploys an empty account in order: Foundation, preflight, the Serving
+stack's images and their check, Serving.
 
-The Makefile runs with a stand-in CDK CLI that records its arguments (nothing here can deploy)
-and ``-o synth`` (the synth step is tested elsewhere); the preflight is the real command unless a
-test replaces it with a stand-in that passes or fails.
+The Makefile runs with a stand-in CDK CLI that records its arguments and the build environment
+it gets (nothing here can deploy or build) and ``-o synth`` (the synth step is tested
+elsewhere); the preflight and the image check are the real commands unless a test replaces them
+with stand-ins that pass or fail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from stacks.settings import REPO_ROOT
 def fake_cdk(tmp_path: Path) -> tuple[Path, Path]:
     log = tmp_path / "calls.log"
     cdk = tmp_path / "cdk"
-    cdk.write_text(f'#!/bin/sh\necho "cdk $*" >> {log}\n')
+    cdk.write_text(f'#!/bin/sh\necho "cdk $* [attestations off: $BUILDX_NO_DEFAULT_ATTESTATIONS]"'
+                   f' >> {log}\n')
     cdk.chmod(0o755)
     return cdk, log
 
@@ -39,19 +42,43 @@ def calls(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def test_foundation_then_preflight_then_serving(fake_cdk: tuple[Path, Path],
-                                                tmp_path: Path) -> None:
+def stand_in(tmp_path: Path, name: str, log: Path, *, exit_code: int = 0) -> Path:
+    script = tmp_path / name
+    script.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit {exit_code}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_foundation_preflight_images_their_check_an_instance_switch_then_serving(
+        fake_cdk: tuple[Path, Path], tmp_path: Path) -> None:
+    """The images are published before the Serving stack (``cdk publish-assets``, one build at a
+    time, without Docker's default provenance attestations) and checked: CloudFormation would
+    only learn at CreateModel that SageMaker refuses their manifest."""
     cdk, log = fake_cdk
-    preflight = tmp_path / "preflight"
-    preflight.write_text(f'#!/bin/sh\necho "preflight $*" >> {log}\n')
-    preflight.chmod(0o755)
-    result = make_deploy(cdk, log, f"PREFLIGHT={preflight}")
+    result = make_deploy(cdk, log, f"PREFLIGHT={stand_in(tmp_path, 'preflight', log)}",
+                         f"IMAGE_CHECK={stand_in(tmp_path, 'image-check', log)}",
+                         f"INSTANCE_SWITCH={stand_in(tmp_path, 'instance-switch', log)}")
     assert result.returncode == 0, result.stderr
     assert calls(log) == [
-        "cdk deploy --app cdk.out Prod/Foundation",
+        "cdk deploy --app cdk.out Prod/Foundation [attestations off: 1]",
         "preflight --env prod --assembly cdk.out",
-        "cdk deploy --app cdk.out --exclusively Prod/Serving",
+        "cdk publish-assets --unstable=publish-assets --app cdk.out --exclusively --concurrency 1 "
+        "Prod/Serving "
+        "[attestations off: 1]",
+        "image-check --env prod --assembly cdk.out",
+        "instance-switch --env prod",
+        "cdk deploy --app cdk.out --exclusively Prod/Serving [attestations off: 1]",
     ]
+
+
+def test_an_image_sagemaker_would_refuse_stops_before_the_serving_stack(
+        fake_cdk: tuple[Path, Path], tmp_path: Path) -> None:
+    cdk, log = fake_cdk
+    result = make_deploy(cdk, log, f"PREFLIGHT={stand_in(tmp_path, 'preflight', log)}",
+                         f"IMAGE_CHECK={stand_in(tmp_path, 'image-check', log, exit_code=1)}")
+    assert result.returncode != 0
+    assert calls(log)[-1] == "image-check --env prod --assembly cdk.out"
+    assert not any("deploy --app cdk.out --exclusively Prod/Serving" in c for c in calls(log))
 
 
 def test_a_failed_preflight_stops_before_the_serving_stack(fake_cdk: tuple[Path, Path]) -> None:
@@ -59,7 +86,7 @@ def test_a_failed_preflight_stops_before_the_serving_stack(fake_cdk: tuple[Path,
     cdk, log = fake_cdk
     result = make_deploy(cdk, log)
     assert result.returncode != 0
-    assert calls(log) == ["cdk deploy --app cdk.out Prod/Foundation"]
+    assert calls(log) == ["cdk deploy --app cdk.out Prod/Foundation [attestations off: 1]"]
     assert "preflight: " in result.stderr
 
 

@@ -11,7 +11,13 @@ AWS's rules behind the checks:
   (https://docs.aws.amazon.com/sagemaker/latest/dg/deployment-guardrails-blue-green.html):
   "SageMaker AI provisions a new fleet with the updates (the green fleet). Then, SageMaker AI
   shifts traffic from the old fleet (the blue fleet) to the green fleet" — both fleets exist
-  during an update, so the "<type> for endpoint usage" quota must hold twice the maximum.
+  during an update, so the "<type> for endpoint usage" quota must hold twice the maximum;
+* Service Quotas: "quotas ... are Region-specific" and apply per account ("What is Service
+  Quotas?", https://docs.aws.amazon.com/servicequotas/latest/userguide/intro.html): the embedded
+  dev and prod share account 123456789012 and ap-northeast-1, so their needs add up; the
+  quantization job's instance draws on "<type> for training job usage", a quota of its own
+  (SageMaker's ResourceLimitExceeded names it: "The account-level service limit
+  'ml.g5.4xlarge for training job usage' is 0 Instances").
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from tools.publish.__main__ import main as publish
 DEV = load_settings("dev")
 LAYOUT = artifact_layout(DEV)
 QUOTA_CODES = {"ml.g5.xlarge for endpoint usage": "L-1928E07B",
-               "ml.inf1.xlarge for endpoint usage": "L-A5F0F5E1"}
+               "ml.inf1.xlarge for endpoint usage": "L-A5F0F5E1",
+               "ml.g5.4xlarge for training job usage": "L-TRAINING-G54XL"}
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +99,7 @@ def publish_all(tmp_path: Path, session: Any) -> None:
 def run(session: Any, assembly: Path, quotas: dict[str, float] | None = None
         ) -> tuple[int, list[str]]:
     stubbed = StubbedQuotas(session, quotas if quotas is not None else dict.fromkeys(
-        QUOTA_CODES, 10.0))
+        QUOTA_CODES, 100.0))
     out = io.StringIO()
     code = preflight(["--env", "dev", "--assembly", str(assembly)], session=stubbed, out=out)
     stubbed.stubber.assert_no_pending_responses()
@@ -125,21 +132,28 @@ def test_an_empty_account_gets_one_line_per_fix(synthesized: Any) -> None:
     with aws_environment(DEV, foundation=False, bucket=False) as aws:
         code, lines = run(aws.session, synthesized.outdir,
                           {"ml.g5.xlarge for endpoint usage": 0.0,
-                           "ml.inf1.xlarge for endpoint usage": 2.0})
+                           "ml.inf1.xlarge for endpoint usage": 2.0,
+                           "ml.g5.4xlarge for training job usage": 0.0})
     assert code == 1
     assert problems(lines) == [
         "123456789012/ap-northeast-1 is not bootstrapped for the CDK (no SSM parameter "
         "/cdk-bootstrap/hnb659fds/version): run npx cdk bootstrap aws://123456789012/"
         "ap-northeast-1",
         "stack Dev-Foundation is not deployed: make deploy ENV=dev deploys it first",
-        "SageMaker quota 'ml.g5.xlarge for endpoint usage' is 0 in ap-northeast-1, 4 needed "
-        "(llm: max_capacity 2 + a blue/green green fleet of 2): aws service-quotas "
-        "request-service-quota-increase --service-code sagemaker --quota-code L-1928E07B "
-        "--desired-value 4 --region ap-northeast-1",
-        "SageMaker quota 'ml.inf1.xlarge for endpoint usage' is 2 in ap-northeast-1, 4 needed "
-        "(intent: max_capacity 2 + a blue/green green fleet of 2): aws service-quotas "
-        "request-service-quota-increase --service-code sagemaker --quota-code L-A5F0F5E1 "
-        "--desired-value 4 --region ap-northeast-1",
+        "SageMaker quota 'ml.g5.4xlarge for training job usage' is 0 in ap-northeast-1, 2 "
+        "needed (dev: make quantize; prod: make quantize): aws service-quotas "
+        "request-service-quota-increase --service-code sagemaker --quota-code L-TRAINING-G54XL "
+        "--desired-value 2 --region ap-northeast-1",
+        "SageMaker quota 'ml.g5.xlarge for endpoint usage' is 0 in ap-northeast-1, 64 needed "
+        "(dev llm: max_capacity 2 + a blue/green green fleet of 2; prod llm: max_capacity 30 + "
+        "a blue/green green fleet of 30): aws service-quotas request-service-quota-increase "
+        "--service-code sagemaker --quota-code L-1928E07B --desired-value 64 "
+        "--region ap-northeast-1",
+        "SageMaker quota 'ml.inf1.xlarge for endpoint usage' is 2 in ap-northeast-1, 20 needed "
+        "(dev intent: max_capacity 2 + a blue/green green fleet of 2; prod intent: max_capacity "
+        "8 + a blue/green green fleet of 8): aws service-quotas request-service-quota-increase "
+        "--service-code sagemaker --quota-code L-A5F0F5E1 --desired-value 20 "
+        "--region ap-northeast-1",
     ]
 
 
@@ -241,7 +255,22 @@ def test_the_required_version_is_read_from_the_templates(synthesized: Any) -> No
 def test_quota_needs_of_production() -> None:
     needs = {need.quota_name: need.instances for need in quota_needs(load_settings("prod"))}
     assert needs == {"ml.g5.xlarge for endpoint usage": 60,     # max 30, twice
-                     "ml.inf1.xlarge for endpoint usage": 16}   # max 8, twice
+                     "ml.inf1.xlarge for endpoint usage": 16,   # max 8, twice
+                     "ml.g5.4xlarge for training job usage": 1}
+
+
+def test_environments_sharing_an_account_and_region_add_up() -> None:
+    prod, dev = load_settings("prod"), load_settings("dev")
+    shared = {n.quota_name: n.instances for n in quota_needs(prod, [prod, dev])}
+    assert shared == {"ml.g5.xlarge for endpoint usage": 60 + 4,
+                      "ml.inf1.xlarge for endpoint usage": 16 + 4,
+                      "ml.g5.4xlarge for training job usage": 2}
+    elsewhere = dev.model_copy(update={"account": "210987654321"})
+    assert {n.quota_name: n.instances for n in quota_needs(prod, [elsewhere])} == {
+        "ml.g5.xlarge for endpoint usage": 60, "ml.inf1.xlarge for endpoint usage": 16,
+        "ml.g5.4xlarge for training job usage": 1}
+    other_region = dev.model_copy(update={"region": "us-east-1"})
+    assert quota_needs(prod, [other_region]) == quota_needs(prod)
 
 
 def test_the_stack_names_the_tools_use_are_the_synthesized_ones(synthesized: Any) -> None:

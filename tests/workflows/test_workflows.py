@@ -156,3 +156,58 @@ def test_the_linters_catch_what_they_are_here_for(
     assert audit.returncode != 0
     for finding in ("template-injection", "unpinned-uses", "dangerous-triggers"):
         assert finding in audit.stdout, audit.stdout
+
+
+FREE_DISK = REPO_ROOT / "scripts" / "free-runner-disk.sh"
+
+
+def test_the_deploy_job_makes_room_for_the_images_before_it_builds_them() -> None:
+    """A standard Linux runner guarantees "Storage (SSD) 14 GB" ("Supported runners and hardware
+    resources", https://docs.github.com/en/actions/reference/runners/github-hosted-runners); the
+    LLM image alone starts from vllm/vllm-openai (about 12 GB). The deploy job frees the runner's
+    unused toolchains and checks the free space before `make deploy` builds anything, and the
+    Makefile builds the images one at a time."""
+    job = load("deploy-environment.yml")["jobs"]["deploy"]
+    names = [step.get("name", "") for step in job["steps"]]
+    room = names.index("Make room for the images")
+    deploy = next(i for i, step in enumerate(job["steps"]) if "make deploy" in step.get("run", ""))
+    assert room < deploy
+    step = job["steps"][room]
+    assert step["run"] == 'scripts/free-runner-disk.sh "$IMAGE_BUILD_DISK_GB"'
+    assert int(step["env"]["IMAGE_BUILD_DISK_GB"]) >= 40
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1" \
+        in makefile
+
+
+def run_free_disk(tmp_path: Path, required: str, paths: list[Path]
+                  ) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "RUNNER_CLEANUP_PATHS": " ".join(map(str, paths)),
+           "DOCKER_DATA_ROOT": str(tmp_path / "docker"), "SUDO": ""}
+    return subprocess.run(["bash", str(FREE_DISK), required], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_the_room_maker_removes_what_it_names_and_says_what_is_free(tmp_path: Path) -> None:
+    toolchain = tmp_path / "android"
+    (toolchain / "sdk").mkdir(parents=True)
+    (toolchain / "sdk" / "big").write_bytes(b"x" * 1024)
+    absent = tmp_path / "dotnet"
+    result = run_free_disk(tmp_path, "0", [toolchain, absent])
+    assert result.returncode == 0, result.stderr
+    assert not toolchain.exists()
+    lines = result.stdout.splitlines()
+    assert lines[1] == f"free-runner-disk: removed {toolchain}"
+    assert lines[-1].endswith("GB free for " + str(tmp_path / "docker") + " (0 GB needed)")
+
+
+def test_the_room_maker_stops_the_job_when_the_disk_is_too_small(tmp_path: Path) -> None:
+    result = run_free_disk(tmp_path, "1000000", [])
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        "1000000 GB needed to build the Serving stack's images: run the deploy job on a larger "
+        "runner (runs-on in .github/workflows/deploy-environment.yml; GitHub's larger runners "
+        "have more disk)")
+    bad = run_free_disk(tmp_path, "lots", [])
+    assert bad.returncode == 2
+    assert "REQUIRED_GB 'lots' is not accepted" in bad.stderr

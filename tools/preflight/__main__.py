@@ -10,7 +10,9 @@ Checks, with boto3 in the environment's account and region, each problem one lin
    least what the synthesized templates require (their CheckBootstrapVersion rule);
 3. the Foundation stack is deployed (its outputs name the project key);
 4. every artifact the endpoints read is in the bucket and matches its artifact-manifest.json;
-5. SageMaker service quotas cover each variant's maximum plus a blue/green green fleet.
+5. SageMaker service quotas cover each variant's maximum plus a blue/green green fleet, summed
+   over every environment of config/ deployed to the same account and region, and one
+   quantization training instance per environment.
 
 `make deploy` runs it between the Foundation and the Serving stack, so a Serving deployment never
 starts over missing model data (which would fail only after SageMaker's download and start-up
@@ -22,13 +24,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from stacks.artifact_layout import ArtifactLayout, ModelArtifact, artifact_layout
-from stacks.settings import REPO_ROOT, EnvironmentSettings, SettingsError, load_settings
+from stacks.settings import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    EnvironmentSettings,
+    SettingsError,
+    available_environments,
+    load_environments,
+    load_settings,
+)
 from tools.aws_context import (
     PROJECT_KEY_OUTPUT,
     DeployToolError,
@@ -186,7 +197,7 @@ def run_preflight(settings: EnvironmentSettings, session: Any, assembly: Path,
         problems += check_artifacts(settings, artifact_layout(settings), session,
                                     outputs[PROJECT_KEY_OUTPUT], out)
 
-    needs = quota_needs(settings)
+    needs = quota_needs(settings, sibling_environments(settings))
     quota_lines = quota_problems(needs, sagemaker_quotas(session, [n.quota_name for n in needs]),
                                  region=settings.region)
     problems += quota_lines
@@ -194,6 +205,19 @@ def run_preflight(settings: EnvironmentSettings, session: Any, assembly: Path,
         print("ok: SageMaker quotas: " + ", ".join(
             f"{n.quota_name} >= {n.instances}" for n in needs), file=out)
     return problems
+
+
+def config_dir() -> Path:
+    """config/, or $MANGAASSIST_CONFIG_DIR."""
+    return Path(os.environ.get("MANGAASSIST_CONFIG_DIR", CONFIG_DIR))
+
+
+def sibling_environments(settings: EnvironmentSettings) -> list[EnvironmentSettings]:
+    """Every environment of the config directory in ``settings``' account and region (their
+    endpoints draw on the same quotas)."""
+    every = load_environments(available_environments(config_dir()), config_dir=config_dir())
+    return [env for env in every if (env.account, env.region) == (settings.account,
+                                                                   settings.region)]
 
 
 def check_artifacts(settings: EnvironmentSettings, layout: ArtifactLayout, session: Any,
@@ -222,7 +246,7 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None,
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        settings = load_settings(args.env)
+        settings = load_settings(args.env, config_dir=config_dir())
         problems = run_preflight(settings, session or aws_session(settings), args.assembly, out)
     except (SettingsError, DeployToolError) as error:
         print(f"preflight: {error}", file=out)

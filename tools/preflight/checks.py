@@ -10,7 +10,9 @@ Each function takes plain data and returns problems, one line each, naming the f
   decrypt), and nothing else is under the LLM's prefix (SageMaker would copy it too);
 * the SageMaker service quotas ("<instance type> for endpoint usage") cover every variant at its
   maximum capacity plus a blue/green deployment's green fleet, which SageMaker provisions at the
-  blue fleet's size before it removes the blue one.
+  blue fleet's size before it removes the blue one — for every environment deployed to the same
+  account and region together, since a quota is per account and region — and
+  "<instance type> for training job usage" covers one quantization job per environment.
 
 Pure module: no AWS calls.
 """
@@ -133,10 +135,13 @@ def parse_listing_manifest(listing: ArtifactListing, bucket: str) -> ArtifactFil
 
 
 def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn: str,
-                      environment: str) -> list[str]:
-    """Missing, different or stray objects of one endpoint's artifact."""
+                      environment: str, fix: str | None = None,
+                      check_stray: bool = True) -> list[str]:
+    """Missing, different or stray objects of one artifact (an endpoint's, or a quantization
+    candidate's); ``fix`` is what each problem tells to run (default: make publish).
+    ``check_stray`` False checks only the listed files (part of a prefix)."""
     artifact = listing.artifact
-    publish = f"make publish ENV={environment}"
+    publish = fix or f"make publish ENV={environment}"
     root = f"s3://{bucket}"
     try:
         manifest = parse_listing_manifest(listing, bucket)
@@ -159,7 +164,7 @@ def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn:
         elif head.encryption != "aws:kms" or not _same_key(head.kms_key_id, project_key_arn):
             problems.append(f"{root}/{key}: not encrypted with the project key, the only key "
                             f"the model role may decrypt: run {publish}")
-    if artifact.is_prefix:
+    if artifact.is_prefix and check_stray:
         listed = {artifact.key(relative) for relative in manifest.files}
         listed.add(artifact.manifest_key)
         problems += [f"{root}/{key}: not in {artifact.manifest_key}, but SageMaker copies "
@@ -174,31 +179,46 @@ def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn:
 
 @dataclass(frozen=True)
 class QuotaNeed:
-    """Instances of one type an environment may run at once, and why."""
+    """Instances of one type the environments of one account and region may run at once, and
+    why."""
 
     instance_type: str
     instances: int
     reasons: tuple[str, ...]
+    usage: str = "endpoint"
+    """``endpoint`` or ``training job``: SageMaker has one quota per instance type and use."""
 
     @property
     def quota_name(self) -> str:
         """The SageMaker quota's name in Service Quotas."""
-        return f"{self.instance_type} for endpoint usage"
+        return f"{self.instance_type} for {self.usage} usage"
 
 
-def quota_needs(settings: EnvironmentSettings) -> list[QuotaNeed]:
-    """Per instance type: each variant's max capacity plus a green fleet of the same size.
+def quota_needs(settings: EnvironmentSettings,
+                environments: Sequence[EnvironmentSettings] = ()) -> list[QuotaNeed]:
+    """What the quotas of ``settings``' account and region must hold for every environment
+    deployed there (``environments``: all of them; ``settings`` is always counted).
 
-    A blue/green update provisions the green fleet at the blue fleet's instance count (the
-    endpoint keeps the count autoscaling chose), so at peak both fleets exist together.
+    Per instance type: each variant's max capacity plus a green fleet of the same size — a
+    blue/green update provisions the green fleet at the blue fleet's instance count (the
+    endpoint keeps the count autoscaling chose), so at peak both fleets exist together — summed
+    over the environments that share the account and region (a quota is per account and
+    region). And one training instance per environment for ``make quantize``, whose
+    ``<type> for training job usage`` quota is separate.
     """
-    by_type: dict[str, list[tuple[int, str]]] = {}
-    for name, endpoint in (("llm", settings.llm), ("intent", settings.intent)):
-        maximum = endpoint.scaling.max_capacity
-        by_type.setdefault(endpoint.instance_type, []).append((
-            2 * maximum, f"{name}: max_capacity {maximum} + a blue/green green fleet of {maximum}"))
-    return [QuotaNeed(instance_type, sum(n for n, _ in items), tuple(r for _, r in items))
-            for instance_type, items in sorted(by_type.items())]
+    sharing = [settings, *(e for e in environments if e.name != settings.name
+                           and (e.account, e.region) == (settings.account, settings.region))]
+    by_quota: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for env in sorted(sharing, key=lambda e: e.name):
+        for name, endpoint in (("llm", env.llm), ("intent", env.intent)):
+            maximum = endpoint.scaling.max_capacity
+            by_quota.setdefault((endpoint.instance_type, "endpoint"), []).append((
+                2 * maximum, f"{env.name} {name}: max_capacity {maximum} + a blue/green green "
+                f"fleet of {maximum}"))
+        by_quota.setdefault((env.quantization.instance_type, "training job"), []).append((
+            1, f"{env.name}: make quantize"))
+    return [QuotaNeed(instance_type, sum(n for n, _ in items), tuple(r for _, r in items), usage)
+            for (instance_type, usage), items in sorted(by_quota.items())]
 
 
 def quota_problems(needs: Sequence[QuotaNeed], quotas: Mapping[str, tuple[float, str] | None],

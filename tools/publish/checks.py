@@ -91,19 +91,25 @@ def check_base_model(model_dir: Path, settings: LlmEndpointSettings) -> list[str
         problems.append(f"MODEL {model_dir / ADAPTERS_DIR}: the adapters come from ADAPTERS, "
                         "not from the model directory (it would mix two sets under "
                         f"{ADAPTERS_DIR}/)")
-    planned = json.loads((REPO_ROOT / settings.model.config).read_text(encoding="utf-8"))
-    for key in ARCHITECTURE_KEYS:
-        if key in planned and config.get(key) != planned[key]:
-            problems.append(
-                f"MODEL {model_dir / 'config.json'}: {key} is {config.get(key)!r}, but the GPU "
-                f"budget planned for {planned[key]!r} (llm.model.config {settings.model.config})")
-    problems += _quantization_problems(model_dir, config, settings.model.quantization)
+    problems += check_model_config(config, settings, where=f"MODEL {model_dir / 'config.json'}")
     return problems
 
 
-def _quantization_problems(model_dir: Path, config: Mapping[str, Any], setting: str) -> list[str]:
+def check_model_config(config: Mapping[str, Any], settings: LlmEndpointSettings, *,
+                       where: str) -> list[str]:
+    """A checkpoint's config.json against the settings: the architecture the GPU budget planned
+    (``llm.model.config``) and the quantization the endpoint expects (``llm.model.quantization``).
+    ``where`` names the file in each problem. Also used by ``make promote`` on a candidate."""
+    planned = json.loads((REPO_ROOT / settings.model.config).read_text(encoding="utf-8"))
+    problems = [
+        f"{where}: {key} is {config.get(key)!r}, but the GPU budget planned for "
+        f"{planned[key]!r} (llm.model.config {settings.model.config})"
+        for key in ARCHITECTURE_KEYS if key in planned and config.get(key) != planned[key]]
+    return problems + _quantization_problems(where, config, settings.model.quantization)
+
+
+def _quantization_problems(where: str, config: Mapping[str, Any], setting: str) -> list[str]:
     expected = parse_quantization(setting)
-    where = f"MODEL {model_dir / 'config.json'}"
     try:
         declared = read_quantization_format(config)
     except (CheckpointError, KeyError, TypeError, ValueError) as error:

@@ -184,6 +184,8 @@ class AdmissionRequest:
     bucket: LengthBucket
     prompt_tokens: int
     max_tokens: int
+    sequences: int = 1
+    """Choices generated (``n``): each needs its own answer's KV; the prompt's is shared."""
 
 
 @dataclass(eq=False)
@@ -281,7 +283,7 @@ class AdmissionController:
 
     def _ticket(self, request: AdmissionRequest, now: float) -> _Ticket:
         expected = self.lengths.expected(request.max_tokens)
-        tokens = request.prompt_tokens + expected
+        tokens = request.prompt_tokens + request.sequences * expected
         ticket = _Ticket(id=next(self._ids), request=request, tokens=tokens,
                          expected_output=expected, arrived_at=now, forecast_ttft_s=NEVER)
         if self.ledger.blocks_for(tokens) <= self.ledger.limit_blocks:

@@ -1,9 +1,11 @@
 """The HTTP contract: OpenAI Chat Completions request/response shapes plus our extension.
 
 Requests follow OpenAI's Chat Completions schema closely enough that the official ``openai``
-client works unchanged; fields this gateway cannot honour (tools, response_format, logprobs, n>1
-...) are refused by name rather than ignored. MangaAssist's own request fields live in one
-namespace, the ``mangaassist`` object (the openai client sends it with
+client (and vLLM's benchmark client) works unchanged: content as a string or text parts,
+``response_format``, ``logprobs``, ``n`` and vLLM's sampling extensions; the fields this gateway
+does not serve (tools, multimodal parts, prompt-rendering controls ...) are refused by name, with
+the reason :mod:`gateway.openai_fields` gives, rather than ignored. MangaAssist's own request
+fields live in one namespace, the ``mangaassist`` object (the openai client sends it with
 ``extra_body={"mangaassist": {...}}``); responses carry a ``mangaassist`` object too: which adapter
 answered, what the context budget kept and dropped, whether the answer is a fallback.
 
@@ -17,18 +19,24 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     SerializerFunctionWrapHandler,
     Tag,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_serializer,
 )
 
+from gateway.openai_fields import SAMPLING_FIELDS
 from intents import INTENT_LABELS, require_intent
 from serving_contract import LOCALE_PATTERN
+
+MAX_N_SCHEMA = 16
+"""The schema's bound on ``n``; GATEWAY_MAX_N sets the served one (at most this)."""
 
 
 def _valid_unicode(value: str) -> str:
@@ -42,14 +50,62 @@ def _valid_unicode(value: str) -> str:
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
+TEXT_PART_SEPARATOR = "\n"
+"""How text parts join into one content string: as vLLM's server joins them for chat templates
+that take a string (Llama-3's), so both render the same prompt."""
+
+
+class TextContentPart(BaseModel):
+    """One part of a message's content: text (the only kind a text model takes)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["text"]
+    text: Text
+
+
+def _text_parts_only(value: Any) -> Any:
+    """Name the first part that is not text, with what is accepted (a 400 naming the part)."""
+    if isinstance(value, list):
+        for index, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(part, dict) and kind != "text":
+                raise ValueError(f"[{index}].type: {kind!r} parts are not accepted: the served "
+                                 "model reads text only; accepted part type: 'text'")
+    return value
+
+
+def _content_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "string"
+    return "parts" if isinstance(value, list) else None
+
+
+MessageContent = Annotated[
+    Annotated[Text, Tag("string")] | Annotated[list[TextContentPart], Tag("parts")],
+    Discriminator(_content_kind, custom_error_type="content_type",
+                  custom_error_message="Input should be a string or a list of text parts"),
+    BeforeValidator(_text_parts_only),
+]
+CONTENT_TAGS: frozenset[str] = frozenset({"string", "parts"})
+"""The content union's tags, which pydantic puts into an error's location."""
+
+
 class ChatMessage(BaseModel):
-    """One message. Content must be a string (content-part arrays and tool calls are refused)."""
+    """One message: content is a string or a list of text parts (other parts are refused)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text
+    content: MessageContent
     name: Annotated[Text, Field(max_length=64)] | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as one string (text parts joined as vLLM's server joins them)."""
+        if isinstance(self.content, str):
+            return self.content
+        return TEXT_PART_SEPARATOR.join(part.text for part in self.content)
 
 
 class StreamOptions(BaseModel):
@@ -58,6 +114,54 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     include_usage: bool = False
+
+
+class ResponseFormatText(BaseModel):
+    """Plain text (the default)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(BaseModel):
+    """Any JSON object (vLLM's structured outputs constrain the answer to one)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's ``json_schema`` object: the schema the answer must follow."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    name: Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: Text | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatJsonSchema(BaseModel):
+    """An answer that follows a JSON schema (vLLM's structured outputs)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Discriminator("type"),
+]
+UNION_TAGS: dict[str, frozenset[str]] = {
+    "content": CONTENT_TAGS,
+    "response_format": frozenset({"text", "json_object", "json_schema"}),
+}
+"""Tagged-union fields and their tags, which pydantic puts into an error's location after the
+field's name (the HTTP edge leaves them out of the ``param`` it names)."""
 
 
 class MangaAssistExtension(BaseModel):
@@ -106,10 +210,22 @@ class ChatCompletionRequest(BaseModel):
         Annotated[Text, Field(min_length=1, max_length=64)]] | None = Field(None)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
+    n: int | None = Field(None, ge=1, le=MAX_N_SCHEMA,
+                          description="Choices to generate (at most GATEWAY_MAX_N).")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0,
+                                             description="vLLM's sampling extension.")
+    top_k: int | None = Field(None, ge=-1, le=100_000,
+                              description="vLLM's sampling extension (-1 or 0: off).")
+    min_p: float | None = Field(None, ge=0.0, le=1.0,
+                                description="vLLM's sampling extension.")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM's sampling extension.")
+    ignore_eos: bool | None = Field(None, description="vLLM's sampling extension.")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
     user: Annotated[Text, Field(max_length=256)] | None = None
     mangaassist: MangaAssistExtension | None = None
 
@@ -119,6 +235,20 @@ class ChatCompletionRequest(BaseModel):
         if isinstance(value, list) and len(value) > 4:
             raise ValueError(f"at most 4 stop sequences, got {len(value)}")
         return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The sampling fields the caller set, as sent (JSON), for the engine to interpret:
+        :data:`gateway.openai_fields.SAMPLING_FIELDS` (``max_tokens`` is the gateway's)."""
+        sent = self.model_dump(mode="json", include=set(SAMPLING_FIELDS), exclude_none=True,
+                               by_alias=True)
+        return {name: sent[name] for name in SAMPLING_FIELDS if name in sent}
 
 
 class SessionRequest(BaseModel):
@@ -169,12 +299,35 @@ class AssistantMessage(BaseModel):
     refusal: None = None
 
 
+class TopLogprob(BaseModel):
+    """One alternative at a position (OpenAI's ``top_logprobs`` entry)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(BaseModel):
+    """One generated token's log-probability and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    """OpenAI's ``choices[].logprobs``."""
+
+    content: list[TokenLogprob] | None
+
+
 class Choice(BaseModel):
-    """The single choice (n is always 1)."""
+    """One choice (``n`` of them)."""
 
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -323,11 +476,11 @@ class ChunkDelta(BaseModel):
 
 
 class ChunkChoice(BaseModel):
-    """The single choice of a stream chunk."""
+    """One choice's part of a stream chunk."""
 
     index: int
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 

@@ -158,13 +158,13 @@ class GatewayRuntime:
                                          media_type="text/event-stream",
                                          headers={**headers(run.early_finish), **STREAM_HEADERS,
                                                   **session_headers})
-            text, finish = await run.collect()
+            answer = await run.collect()
         except ApiError as error:
             return self.error_response(record, error, extra_headers=session_headers)
-        answer = completion(run, text, finish)
+        response = completion(run, answer)
         self.telemetry.request(record)
-        return Response(answer.model_dump_json(), media_type=JSON_MEDIA_TYPE,
-                        headers={**headers(finish), **session_headers})
+        return Response(response.model_dump_json(), media_type=JSON_MEDIA_TYPE,
+                        headers={**headers(answer.finish), **session_headers})
 
     # --- SageMaker stateful sessions (gateway.sessions) ---
     def _session_of(self, request: Request, record: RequestRecord) -> dict[str, str]:

@@ -16,12 +16,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.api_schema import (
     INVOCATION_TAGS,
     STREAM_DESCRIPTION,
+    UNION_TAGS,
     ChatCompletionResponse,
     ErrorResponse,
     SessionClosed,
     SessionOpened,
     error_body,
 )
+from gateway.openai_fields import refusal
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `error.param` names the field."},
@@ -58,9 +60,12 @@ INVOCATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
+    # Without the body, /invocations' body kind and a tagged union's tag: not fields.
     parts = [part for part in loc if part != "body"]
-    if parts and parts[0] in INVOCATION_TAGS:  # /invocations' body kind, not a field
+    if parts and parts[0] in INVOCATION_TAGS:
         parts = parts[1:]
+    parts = [part for index, part in enumerate(parts)
+             if not (index > 0 and part in UNION_TAGS.get(parts[index - 1], ()))]
     text = ""
     for part in parts:
         if isinstance(part, int):
@@ -94,12 +99,19 @@ def validation_message(errors: list[Mapping[str, Any]]) -> tuple[str, str | None
             return ("request body must be JSON sent with Content-Type: application/json"), None
         return f"request body must be a JSON object, got {_shown(received)}", None
     if kind == "extra_forbidden":
+        top_level = "." not in param and "[" not in param
+        reason = refusal(param) if top_level else None
+        if reason is not None:
+            return f"{param}: not accepted by this gateway: {reason}", param
         return f"{param}: unknown or unsupported field (not accepted by this gateway)", param
     if kind == "missing":
         return f"{param}: field required", param
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if message.startswith(f"{param}:"):
         return message, param
+    if message.startswith("[") and "]" in message:  # a validator naming an element: "[1].type:"
+        where, _, rest = message.partition(":")
+        return f"{param}{where}: {rest.strip()}", f"{param}{where}"
     extra = f" ({len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     return f"{param}: {message}; got {_shown(received)}{extra}", param
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from gateway.api_schema import (
@@ -19,21 +19,27 @@ from gateway.api_schema import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     FallbackInfo,
     PromptTokensDetails,
     ResponseExtension,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     error_body,
 )
-from gateway.service import ApiError, ChatRun, FinishEvent, PreparedChat, TextEvent
+from gateway.engines import base as engine
+from gateway.service import Answer, ApiError, ChatRun, FinishEvent, PreparedChat
 from gateway.telemetry import RequestRecord
 
 RequestDone = Callable[[RequestRecord], None]
 """Logs a finished request once (``Telemetry.request``)."""
 
 SSE_DONE = b"data: [DONE]\n\n"
+LOGPROB_FLOOR = -9999.0
+"""vLLM's server reports no log-probability below this (it stands for minus infinity)."""
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 FALLBACK_HEADER = "X-MangaAssist-Fallback"
 
@@ -67,18 +73,42 @@ def headers(finish: FinishEvent | None) -> dict[str, str]:
     return {}
 
 
-def completion(run: ChatRun, text: str, finish: FinishEvent) -> ChatCompletionResponse:
-    """The non-streamed answer (our fallback text when the engine could not answer)."""
+def choice_logprobs(tokens: Sequence[engine.TokenLogprob], top: int | None
+                    ) -> ChoiceLogprobs | None:
+    """OpenAI's ``logprobs`` object for ``tokens`` (None when none were asked for): each token
+    with its first ``top`` alternatives in the engine's order, as vLLM's server reports them."""
+    if top is None:
+        return None
+    return ChoiceLogprobs(content=[
+        TokenLogprob(token=t.token, logprob=max(t.logprob, LOGPROB_FLOOR),
+                     bytes=list(t.bytes) if t.bytes is not None else None,
+                     top_logprobs=[TopLogprob(token=token, logprob=max(logprob, LOGPROB_FLOOR),
+                                              bytes=list(token.encode("utf-8", "replace")))
+                                   for token, logprob in t.top[:top]])
+        for t in tokens])
+
+
+def completion(run: ChatRun, answer: Answer) -> ChatCompletionResponse:
+    """The non-streamed answer: ``n`` choices (our fallback text in each when the engine could
+    not answer)."""
     prepared = run.prepared
     record = prepared.record
+    finish = answer.finish
     record.finish_reason = finish.finish_reason
-    content = finish.fallback_text if finish.fallback_text is not None else text
+    top = prepared.params.logprobs
+    choices = []
+    for index in range(prepared.params.n):
+        content = (finish.fallback_text if finish.fallback_text is not None
+                   else answer.text(index))
+        logprobs = choice_logprobs(answer.logprobs.get(index, ()), top)
+        choices.append(Choice(index=index,
+                              message=AssistantMessage(role="assistant", content=content),
+                              logprobs=logprobs if finish.fallback_text is None else None,
+                              finish_reason=finish.reason_of(index)))
     return ChatCompletionResponse(
         id=record.request_id, object="chat.completion", created=int(time.time()),
-        model=prepared.route.served_name,
-        choices=[Choice(index=0, message=AssistantMessage(role="assistant", content=content),
-                        finish_reason=finish.finish_reason)],
-        usage=usage(record), mangaassist=final_extension(prepared, finish))
+        model=prepared.route.served_name, choices=choices, usage=usage(record),
+        mangaassist=final_extension(prepared, finish))
 
 
 def _event(chunk: ChatCompletionChunk) -> bytes:
@@ -86,8 +116,10 @@ def _event(chunk: ChatCompletionChunk) -> bytes:
 
 
 async def sse(run: ChatRun, *, on_done: RequestDone) -> AsyncIterator[bytes]:
-    """The streamed answer: a role chunk with the route, content chunks, one final chunk with
-    finish_reason (and the fallback, if any), the usage chunk when asked for, then ``[DONE]``.
+    """The streamed answer: a role chunk per choice (the first with the route), content chunks
+    (with their tokens' logprobs when asked for), one final chunk per choice with its
+    finish_reason (the last with the fallback, if any), the usage chunk when asked for, then
+    ``[DONE]``.
 
     An engine refusal after the stream started becomes an error event before ``[DONE]``. A
     client that goes away mid-stream leaves the request recorded as aborted (499, logs only).
@@ -98,34 +130,44 @@ async def sse(run: ChatRun, *, on_done: RequestDone) -> AsyncIterator[bytes]:
     created = int(time.time())
     request = prepared.request
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    choices, top = prepared.params.n, prepared.params.logprobs
 
-    def chunk(delta: ChunkDelta, finish_reason: str | None = None,
-              extension: ResponseExtension | None = None) -> bytes:
+    def chunk(index: int, delta: ChunkDelta, finish_reason: str | None = None,
+              extension: ResponseExtension | None = None,
+              logprobs: ChoiceLogprobs | None = None) -> bytes:
         return _event(ChatCompletionChunk(
             id=record.request_id, object="chat.completion.chunk", created=created,
             model=prepared.route.served_name,
-            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish_reason)],
+            choices=[ChunkChoice(index=index, delta=delta, finish_reason=finish_reason,
+                                 logprobs=logprobs)],
             mangaassist=extension))
 
     completed = False
-    sent_text = False
+    sent_text: set[int] = set()
     try:
-        yield chunk(ChunkDelta(role="assistant", content=""), extension=prepared.extension)
+        for index in range(choices):
+            yield chunk(index, ChunkDelta(role="assistant", content=""),
+                        extension=prepared.extension if index == 0 else None)
         finish: FinishEvent | None = None
         async for event in run.events():
-            if isinstance(event, TextEvent):
-                if event.text:
-                    sent_text = True
-                    yield chunk(ChunkDelta(content=event.text))
-            else:
+            if isinstance(event, FinishEvent):
                 finish = event
+            elif event.text or (top is not None and event.logprobs):
+                if event.text:
+                    sent_text.add(event.choice)
+                yield chunk(event.choice, ChunkDelta(content=event.text),
+                            logprobs=choice_logprobs(event.logprobs, top))
         if finish is None:  # defensive: run() always ends with a FinishEvent
             finish = FinishEvent("stop")
         if finish.fallback_text:
-            prefix = "\n\n" if sent_text else ""
-            yield chunk(ChunkDelta(content=prefix + finish.fallback_text))
+            for index in range(choices):
+                prefix = "\n\n" if index in sent_text else ""
+                yield chunk(index, ChunkDelta(content=prefix + finish.fallback_text))
         record.finish_reason = finish.finish_reason
-        yield chunk(ChunkDelta(), finish.finish_reason, final_extension(prepared, finish))
+        for index in range(choices):
+            last = index == choices - 1
+            yield chunk(index, ChunkDelta(), finish.reason_of(index),
+                        final_extension(prepared, finish) if last else None)
         if include_usage:
             yield _event(ChatCompletionChunk(
                 id=record.request_id, object="chat.completion.chunk", created=created,

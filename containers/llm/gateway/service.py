@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import time
 from array import array
-from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.admission import (
@@ -40,9 +40,11 @@ from gateway.engines.base import (
     EngineDead,
     EngineOutOfMemory,
     EngineRequestError,
+    GenerationDelta,
     InferenceEngine,
     RenderedPrompt,
     SamplingParams,
+    TokenLogprob,
 )
 from gateway.routing import AdapterRouter, RouteDecision, UnknownModel
 from gateway.settings import Settings
@@ -89,19 +91,29 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class TextEvent:
-    """Generated text (the engine's delta)."""
+    """Generated text of one choice (the engine's delta), with its tokens' logprobs if asked."""
 
     text: str
+    choice: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """The end of an answer; ``fallback`` is set when the text is our fallback message."""
+    """The end of the answer; ``fallback`` is set when the text is our fallback message.
+
+    ``finish_reason`` is choice 0's; ``finish_reasons`` each choice's when there are several.
+    """
 
     finish_reason: str
     fallback: dict[str, str] | None = None
     fallback_text: str | None = None
     deadline_exceeded: bool = False
+    finish_reasons: Mapping[int, str] = field(default_factory=dict)
+
+    def reason_of(self, choice: int) -> str:
+        """How choice ``choice`` ended."""
+        return self.finish_reasons.get(choice, self.finish_reason)
 
 
 @dataclass
@@ -138,6 +150,19 @@ class Admission:
 Event = TextEvent | FinishEvent
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A whole (non-streamed) answer: each choice's text and token logprobs, how it ended."""
+
+    texts: Mapping[int, str]
+    logprobs: Mapping[int, Sequence[TokenLogprob]]
+    finish: FinishEvent
+
+    def text(self, choice: int) -> str:
+        """Choice ``choice``'s text ("" if it produced none)."""
+        return self.texts.get(choice, "")
+
+
 class ChatRun:
     """A request on its way: what ``prepare`` made of it, and the events of its answer.
 
@@ -166,19 +191,22 @@ class ChatRun:
         async for event in self._events:
             yield event
 
-    async def collect(self) -> tuple[str, FinishEvent]:
-        """The whole answer's text and how it ended."""
-        texts: list[str] = []
+    async def collect(self) -> Answer:
+        """The whole answer: each choice's text and token logprobs, and how it ended."""
+        texts: dict[int, list[str]] = {}
+        logprobs: dict[int, list[TokenLogprob]] = {}
         finish: FinishEvent | None = None
         try:
             async for event in self.events():
                 if isinstance(event, TextEvent):
-                    texts.append(event.text)
+                    texts.setdefault(event.choice, []).append(event.text)
+                    logprobs.setdefault(event.choice, []).extend(event.logprobs)
                 else:
                     finish = event
         finally:
             await self.close()
-        return "".join(texts), finish or FinishEvent("stop")
+        return Answer(texts={choice: "".join(parts) for choice, parts in texts.items()},
+                      logprobs=logprobs, finish=finish or FinishEvent("stop"))
 
     async def close(self) -> None:
         """Stop generating (a client that went away) and release the KV reservation."""
@@ -200,16 +228,25 @@ _NO_EXTENSION = MangaAssistExtension()
 
 
 def sampling_params(request: ChatCompletionRequest, max_output: int) -> SamplingParams:
-    """The request's sampling parameters with OpenAI's defaults filled in."""
+    """The request's sampling parameters: its fields as sent (for an engine's own conversion)
+    and the same values typed; unset ones are the model's defaults (None)."""
     stop = request.stop
+    response_format = request.response_format
     return SamplingParams(
         max_tokens=max_output,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
+        temperature=request.temperature,
+        top_p=request.top_p,
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         seed=request.seed,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
+        n=request.n or 1,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        min_tokens=request.min_tokens or 0,
+        ignore_eos=bool(request.ignore_eos),
+        response_format=(response_format.type if response_format is not None
+                         and response_format.type != "text" else None),
+        request_fields=request.sampling_fields(),
     )
 
 
@@ -299,7 +336,7 @@ class ChatService:
         contents: list[str] = []
         for message in messages:
             roles.append("system" if message.role == "developer" else message.role)
-            contents.append(_stripped(message.content))
+            contents.append(_stripped(message.text))
         rag_lines = [f"- {chunk.strip()}" for chunk in extension.rag_context if chunk.strip()]
         ids = self.tokenizer.content_ids(contents + rag_lines)
         overhead = self._role_overhead
@@ -333,12 +370,16 @@ class ChatService:
         if len(messages) > limit:
             raise ApiError(400, f"messages: {len(messages)} messages, at most {limit} are "
                                 "accepted", param="messages")
+        if request.n is not None and request.n > self.settings.gateway.max_n:
+            raise ApiError(400, f"n: {request.n} choices asked for; at most "
+                                f"{self.settings.gateway.max_n} are accepted (GATEWAY_MAX_N)",
+                           param="n")
         last = len(messages) - 1
         if messages[last].role != "user":
             raise ApiError(400, f"messages[{last}].role: the last message must be the user's "
                                 f"current message, got {messages[last].role!r}",
                            param=f"messages[{last}].role")
-        if not messages[last].content.strip():
+        if not messages[last].text.strip():
             raise ApiError(400, f"messages[{last}].content: the current message is empty",
                            param=f"messages[{last}].content")
         return last
@@ -488,7 +529,8 @@ class ChatService:
         remaining = max(0.0, wait_s - (self.clock() - started))
         request = AdmissionRequest(bucket=prepared.bucket,
                                    prompt_tokens=prepared.prompt.num_tokens,
-                                   max_tokens=prepared.params.max_tokens)
+                                   max_tokens=prepared.params.max_tokens,
+                                   sequences=prepared.params.n)
         try:
             reservation = await self.admission.acquire(
                 request, max_wait_s=remaining,
@@ -551,25 +593,15 @@ class ChatService:
 
         remaining = record.started + self.settings.gateway.request_deadline_s - self.clock()
         timer = loop.call_later(max(0.0, remaining), on_deadline)
-        finish_reason = "stop"
+        finish_reasons: dict[int, str] = {}
         try:
             stream = engine.generate(request_id, prepared.prompt, prepared.params,
                                      prepared.route.adapter)
             try:
                 async for delta in stream:
-                    first_token = record.ttft_s is None and bool(delta.token_ids)
-                    if first_token:
-                        record.ttft_s = self.clock() - admission.admitted_at
-                    if delta.cached_tokens is not None:
-                        record.cached_tokens = delta.cached_tokens
-                    self.admission.progress(admission.reservation, len(delta.token_ids),
-                                            cached_tokens=delta.cached_tokens)
-                    record.completion_tokens += len(delta.token_ids)
-                    record.mark_tokens(self.clock(), len(delta.token_ids))
-                    if delta.text or first_token:  # a stream starts at the first token, as
-                        yield TextEvent(delta.text)  # vLLM's does, even if it shows no text yet
-                    if delta.finish_reason is not None:
-                        finish_reason = delta.finish_reason
+                    event = self._on_delta(delta, record, admission, finish_reasons)
+                    if event is not None:
+                        yield event
             finally:
                 close = getattr(stream, "aclose", None)
                 if close is not None:
@@ -580,8 +612,8 @@ class ChatService:
                 yield FinishEvent("length", deadline_exceeded=True)
                 return
             self.breaker.record_success(self.clock())
-            record.finish_reason = "length" if finish_reason == "length" else "stop"
-            yield FinishEvent(record.finish_reason)
+            record.finish_reason = finish_reasons.get(0, "stop")
+            yield FinishEvent(record.finish_reason, finish_reasons=finish_reasons)
         except AdapterUnavailable as error:
             raise ApiError(503, f"{error}; other models keep serving on this instance",
                            type_="service_unavailable", param="model",
@@ -608,6 +640,26 @@ class ChatService:
             self.admission.release(admission.reservation,
                                    completion_tokens=record.completion_tokens if answered else None,
                                    capped=record.finish_reason == "length")
+
+    def _on_delta(self, delta: GenerationDelta, record: RequestRecord, admission: Admission,
+                  finish_reasons: dict[int, str]) -> TextEvent | None:
+        """Account for one engine delta; the event to pass on, if any."""
+        first_token = record.ttft_s is None and bool(delta.token_ids)
+        if first_token:
+            record.ttft_s = self.clock() - admission.admitted_at
+        if delta.cached_tokens is not None:
+            record.cached_tokens = delta.cached_tokens
+        self.admission.progress(admission.reservation, len(delta.token_ids),
+                                cached_tokens=delta.cached_tokens)
+        record.completion_tokens += len(delta.token_ids)
+        record.mark_tokens(self.clock(), len(delta.token_ids))
+        if delta.finish_reason is not None:
+            finish_reasons[delta.choice] = "length" if delta.finish_reason == "length" else "stop"
+        # A stream starts at the first token, as vLLM's does, even if it shows no text yet; a
+        # token without text still carries its logprob.
+        if delta.text or delta.logprobs or first_token:
+            return TextEvent(delta.text, delta.choice, delta.logprobs)
+        return None
 
     def _fallback(self, record: RequestRecord, reason: str, detail: str,
                   language: str) -> FinishEvent:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.api_schema import MAX_N_SCHEMA
 from gpu_budget.engine_args import ENGINE_ARGS, EngineArg, EngineArgError
 from intents import INTENT_LABELS
 from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
@@ -100,6 +101,8 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("GATEWAY_TOKEN_CACHE_MAX_TOKENS", "2000000",
                 "Bound of the per-message token cache, in cached tokens (LRU)."),
     SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),
+    SettingSpec("GATEWAY_MAX_N", "4",
+                "Most choices (`n`) one request may ask for; admission reserves KV for each."),
     SettingSpec("GATEWAY_MAX_BODY_BYTES", "1048576", "Largest request body accepted (413 above)."),
     # --- admission --------------------------------------------------------------------------------
     SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
@@ -245,6 +248,7 @@ class GatewaySettings:
     context_step_turns: int
     token_cache_max_tokens: int
     max_messages: int
+    max_n: int
     max_body_bytes: int
     admission_watermark: float
     ttft_slo_s: float
@@ -544,6 +548,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         context_step_turns=reader.integer("GATEWAY_CONTEXT_STEP_TURNS", minimum=1, maximum=1000),
         token_cache_max_tokens=reader.integer("GATEWAY_TOKEN_CACHE_MAX_TOKENS", minimum=0),
         max_messages=reader.integer("GATEWAY_MAX_MESSAGES", minimum=1, maximum=100_000),
+        max_n=reader.integer("GATEWAY_MAX_N", minimum=1, maximum=MAX_N_SCHEMA),
         max_body_bytes=reader.integer("GATEWAY_MAX_BODY_BYTES", minimum=1024),
         admission_watermark=reader.number("GATEWAY_ADMISSION_WATERMARK", low=0.0, high=1.0,
                                           low_open=True),

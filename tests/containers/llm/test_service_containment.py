@@ -156,5 +156,5 @@ def test_successes_are_counted_and_reservations_returned(demo_model_dir: Path,
 
     events = asyncio.run(scenario())
     assert [e.text for e in events if isinstance(e, TextEvent)] == [" hello", " world"]
-    assert events[-1] == FinishEvent("stop")
+    assert events[-1] == FinishEvent("stop", finish_reasons={0: "stop"})
     assert runtime.admission.ledger.total_inflight == 0

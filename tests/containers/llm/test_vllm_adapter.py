@@ -27,6 +27,7 @@ from gateway.engines.base import (
     EngineRequestError,
     RenderedPrompt,
     SamplingParams,
+    TokenLogprob,
 )
 from gateway.engines.vllm import (
     BLOCK_SIZE_MULTIPLE,
@@ -70,14 +71,37 @@ class FakeEngineArgs:
 
 @dataclass
 class FakeSamplingParams:
+    """What vLLM's ``to_sampling_params`` was given (the fake does not convert)."""
+
     max_tokens: int
-    temperature: float
-    top_p: float
-    stop: list[str] | None
-    seed: int | None
-    presence_penalty: float
-    frequency_penalty: float
+    fields: dict[str, Any]
+    defaults: dict[str, Any]
     output_kind: str
+
+
+class FakeChatCompletionRequest:
+    """vLLM's ``ChatCompletionRequest``: validates a body, converts it to sampling params."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    @classmethod
+    def model_validate(cls, body: dict[str, Any]) -> FakeChatCompletionRequest:
+        if body.get("top_logprobs", 0) > 20:
+            raise FakeValidationError("top_logprobs must be at most 20")
+        return cls(body)
+
+    def to_sampling_params(self, max_tokens: int, default_sampling_params: dict[str, Any]
+                           ) -> FakeSamplingParams:
+        fields = {k: v for k, v in self.body.items() if k not in ("model", "messages", "stream")}
+        return FakeSamplingParams(max_tokens, fields, dict(default_sampling_params),
+                                  "delta" if self.body.get("stream") else "final_only")
+
+
+@dataclass
+class FakeLogprob:
+    logprob: float
+    decoded_token: str | None
 
 
 @dataclass
@@ -92,6 +116,8 @@ class FakeCompletion:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    index: int = 0
+    logprobs: list[dict[int, FakeLogprob]] | None = None
 
 
 @dataclass
@@ -121,6 +147,13 @@ class FakeVllmConfig:
     cache_config: FakeCacheConfig = field(default_factory=FakeCacheConfig)
 
 
+class FakeModelConfig:
+    """The model's generation config (vLLM: ``get_diff_sampling_param``)."""
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        return {"temperature": 0.6, "top_p": 0.9, "max_tokens": 256}
+
+
 class FakeAsyncLLM:
     """Records what the adapter asks of it; ``die(...)`` makes it behave like a dead core."""
 
@@ -132,6 +165,7 @@ class FakeAsyncLLM:
         self.engine_args = engine_args
         self.stat_loggers = [factory(None, 0) for factory in stat_loggers]
         self.vllm_config = FakeVllmConfig()
+        self.model_config = FakeModelConfig()
         self.loras: list[FakeLoRARequest] = []
         self.calls: list[tuple[Any, ...]] = []
         self.errored = False
@@ -187,6 +221,10 @@ class FakeAsyncLLM:
                 return {"input_ids": [len(m["content"]) for m in messages],
                         "attention_mask": [1] * len(messages)}
 
+            def decode(self, token_ids: int | list[int]) -> str:
+                ids = [token_ids] if isinstance(token_ids, int) else token_ids
+                return "".join(f"<{token_id}>" for token_id in ids)
+
         return Tokenizer()
 
     def die(self, cause: BaseException) -> None:
@@ -201,6 +239,7 @@ def fake_api() -> VllmApi:
     return VllmApi(
         AsyncEngineArgs=FakeEngineArgs,
         AsyncLLM=FakeAsyncLLM,
+        ChatCompletionRequest=FakeChatCompletionRequest,
         SamplingParams=FakeSamplingParams,
         RequestOutputKind=FakeKinds,
         LoRARequest=FakeLoRARequest,
@@ -257,11 +296,14 @@ def make_engine(settings: Any) -> VllmEngine:
 
 
 PROMPT = RenderedPrompt(text="<|begin_of_text|>hi", token_ids=(128000, 6151))
-PARAMS = SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, stop=("\n\n",), seed=7)
+PARAMS = SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, stop=("\n\n",), seed=7,
+                        request_fields={"temperature": 0.7, "top_p": 0.9, "stop": "\n\n",
+                                        "seed": 7})
 
 
-async def collect(engine: VllmEngine, adapter: AdapterRef | None = None) -> list[Any]:
-    return [delta async for delta in engine.generate("req-1", PROMPT, PARAMS, adapter)]
+async def collect(engine: VllmEngine, adapter: AdapterRef | None = None, *,
+                  params: SamplingParams = PARAMS) -> list[Any]:
+    return [delta async for delta in engine.generate("req-1", PROMPT, params, adapter)]
 
 
 # --- argument mapping ---------------------------------------------------------------------------
@@ -345,9 +387,11 @@ def test_generate_streams_deltas_from_token_ids(settings: Any) -> None:
     assert prompt == {"prompt_token_ids": [128000, 6151]}, "the gateway's exact tokens"
     assert request_id == "req-1"
     assert lora is None
-    assert sampling == FakeSamplingParams(max_tokens=32, temperature=0.7, top_p=0.9,
-                                          stop=["\n\n"], seed=7, presence_penalty=0.0,
-                                          frequency_penalty=0.0, output_kind="delta")
+    # vLLM's own conversion: the request's fields as sent, the gateway's max_tokens, the
+    # model's generation defaults (not its max_tokens), streamed deltas.
+    assert sampling == FakeSamplingParams(
+        max_tokens=32, fields={"temperature": 0.7, "top_p": 0.9, "stop": "\n\n", "seed": 7},
+        defaults={"temperature": 0.6, "top_p": 0.9}, output_kind="delta")
 
 
 def test_an_oom_in_the_engine_core_is_engine_out_of_memory(settings: Any) -> None:
@@ -623,3 +667,32 @@ def test_a_retried_start_shows_its_last_error_until_it_succeeds(settings: Any) -
     assert seen == ["attempt 1/3 failed: EngineError: vLLM failed to start: RuntimeError: "
                     "Engine core initialization failed"]
     assert supervisor.last_start_error is None
+
+
+def test_each_choice_and_its_logprobs_come_as_vllms_server_reports_them(settings: Any) -> None:
+    engine = make_engine(settings)
+    asyncio.run(engine.start())
+    FakeAsyncLLM.instances[0].script = [FakeOutput([
+        FakeCompletion("ab", [11, 12], None, index=0, logprobs=[
+            {11: FakeLogprob(-0.5, "a"), 7: FakeLogprob(-1.5, "z")},
+            {12: FakeLogprob(-1e9, None)}]),  # no decoded token: the tokenizer's decoding
+        FakeCompletion("c", [13], "length", index=1, logprobs=[{9: FakeLogprob(-2.0, "q")}]),
+    ], False), FakeOutput([FakeCompletion("", [], "stop", index=0)], True)]
+    deltas = asyncio.run(collect(engine))
+    assert [(d.choice, d.text, d.finish_reason) for d in deltas] == [
+        (0, "ab", None), (1, "c", "length"), (0, "", "stop")]
+    first, second = deltas[0].logprobs
+    assert first == TokenLogprob("a", -0.5, tuple(b"a"), (("a", -0.5), ("z", -1.5)))
+    assert second == TokenLogprob("<12>", -9999.0, None, (("<12>", -9999.0),))
+    # A sampled token missing from its position's logprobs: decoded, no logprob (vLLM's -9999).
+    assert deltas[1].logprobs == (TokenLogprob("<13>", -9999.0, tuple(b"<13>")),)
+
+
+def test_sampling_fields_vllm_refuses_are_the_callers_error(settings: Any) -> None:
+    engine = make_engine(settings)
+    asyncio.run(engine.start())
+    params = SamplingParams(max_tokens=8, logprobs=21,
+                            request_fields={"logprobs": True, "top_logprobs": 21})
+    with pytest.raises(EngineRequestError, match="vLLM refused the sampling fields: "
+                                                 "top_logprobs must be at most 20"):
+        asyncio.run(collect(engine, params=params))

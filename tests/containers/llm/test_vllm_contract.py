@@ -46,6 +46,9 @@ WANTED = {
     "flash_attn": "vllm/v1/attention/backends/flash_attn.py",
     "cpu_attn": "vllm/v1/attention/backends/cpu_attn.py",
     "outputs": "vllm/outputs.py",
+    "chat_protocol": "vllm/entrypoints/openai/chat_completion/protocol.py",
+    "model_config": "vllm/config/model.py",
+    "logprobs": "vllm/logprobs.py",
 }
 
 
@@ -269,6 +272,37 @@ def test_request_outputs_carry_what_the_adapter_reads(
     assert set(adapter.REQUEST_OUTPUT_FIELDS) <= parameters
     completion = class_fields(class_def(vllm_source["outputs"], "CompletionOutput"))
     assert {"text", "token_ids", "finish_reason"} <= completion
+
+
+def test_sampling_parameters_are_built_by_vllms_own_request_class(
+        vllm_source: dict[str, ast.Module]) -> None:
+    """The adapter hands the request's sampling fields to vLLM's ``ChatCompletionRequest`` and
+    its ``to_sampling_params(max_tokens, default_sampling_params)``, with the model's defaults
+    from ``ModelConfig.get_diff_sampling_param()``, as vLLM's OpenAI server does: every field
+    the gateway accepts for sampling is one of that class's, and the calls exist."""
+    from gateway.openai_fields import SAMPLING_FIELDS
+
+    request = class_def(vllm_source["chat_protocol"], "ChatCompletionRequest")
+    fields = class_fields(request)
+    assert set(SAMPLING_FIELDS) <= fields, set(SAMPLING_FIELDS) - fields
+    convert = method(request, "to_sampling_params")
+    assert [a.arg for a in convert.args.args] == ["self", "max_tokens",
+                                                  "default_sampling_params"]
+    assert "model_validate" in adapter.SAMPLING_CONVERSION  # pydantic's own classmethod
+    method(class_def(vllm_source["model_config"], "ModelConfig"), "get_diff_sampling_param")
+    completion = class_fields(class_def(vllm_source["outputs"], "CompletionOutput"))
+    assert {"index", "text", "token_ids", "logprobs", "finish_reason"} <= completion
+    assert {"logprob", "decoded_token"} <= class_fields(
+        class_def(vllm_source["logprobs"], "Logprob"))
+
+
+def test_every_vllm_request_field_has_a_row_in_the_compatibility_table(
+        vllm_source: dict[str, ast.Module]) -> None:
+    from gateway.openai_fields import BY_NAME
+
+    request = class_def(vllm_source["chat_protocol"], "ChatCompletionRequest")
+    fields = {name for name in class_fields(request) if not name.startswith("_")}
+    assert fields - set(BY_NAME) == set(), "rows missing in gateway/openai_fields.py"
 
 
 def test_the_stat_logger_matches_vllms_interface(vllm_source: dict[str, ast.Module]) -> None:

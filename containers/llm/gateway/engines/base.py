@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -73,15 +73,31 @@ class RenderedPrompt:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """The sampling parameters the gateway passes through (a subset of vLLM's SamplingParams)."""
+    """How to sample one request: ``max_tokens`` (the gateway's, from its window) and the
+    request's sampling fields.
+
+    ``request_fields`` holds them as the caller sent them (OpenAI's names and vLLM's
+    extensions, :data:`gateway.openai_fields.SAMPLING_FIELDS`): an engine with its own
+    conversion reads those (the vLLM adapter hands them to vLLM's ``to_sampling_params``). The
+    typed fields are the same values read for engines that interpret them themselves (the
+    simulator); None means "the model's default".
+    """
 
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    n: int = 1
+    logprobs: int | None = None
+    """Alternatives per token to report (0-20) when the caller asked for logprobs, else None."""
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    response_format: str | None = None
+    """``json_object`` or ``json_schema`` when the answer must be JSON; None for free text."""
+    request_fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,18 @@ class AdapterRef:
     path: str
 
 
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability and the alternatives the engine reported, in the
+    engine's order (the sampled token's own entry included, as vLLM reports them)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None
+    top: tuple[tuple[str, float], ...] = ()
+
+
 class GenerationDelta(NamedTuple):
-    """New output since the previous delta; ``finish_reason`` is set on the last one only.
+    """New output of one choice since its previous delta; ``finish_reason`` is set on its last.
 
     (A NamedTuple: one is made per generated token, so it must be cheap.)
     """
@@ -105,6 +131,10 @@ class GenerationDelta(NamedTuple):
     cached_tokens: int | None = None
     """Prompt tokens the engine took from its prefix cache instead of prefilling them (vLLM:
     ``RequestOutput.num_cached_tokens``); set once the prompt has been scheduled, None before."""
+    choice: int = 0
+    """Which of the request's ``n`` choices (0 to n - 1)."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """One per token in ``token_ids`` when logprobs were asked for."""
 
 
 @dataclass(frozen=True)

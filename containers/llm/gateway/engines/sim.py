@@ -22,6 +22,11 @@ Its output text is generated, not meaningful; its behaviour under memory pressur
 * **Latency.** A step costs ``step_time_s + token_time_s × scheduled tokens`` of wall time
   (``asyncio.sleep``; zero for benchmarks and soak tests, in which case up to 16 steps run
   between two event-loop turns).
+* **Request fields** (:data:`SIM_FIELD_SUPPORT`): ``n`` runs one sequence per choice,
+  ``logprobs`` reports each sampled word's probability under its uniform choice, ``min_tokens``,
+  ``ignore_eos``, ``stop`` and ``seed`` act as in vLLM; the distribution controls (temperature,
+  top_p, top_k, min_p, penalties) have nothing to shape in a uniform choice and are accepted
+  without effect; a JSON ``response_format`` is refused — the simulator cannot constrain text.
 * **OOM injection.** At a step count, at a batched-token threshold, or on :meth:`inject_oom` (the
   gateway exposes that only in test mode). The engine then dies exactly as vLLM's does when its
   engine-core process hits a CUDA OOM: every in-flight request gets :class:`EngineOutOfMemory`,
@@ -54,6 +59,7 @@ from gateway.engines.base import (
     KvCapacity,
     RenderedPrompt,
     SamplingParams,
+    TokenLogprob,
 )
 from gateway.settings import SIM_DEFAULT_NUM_GPU_BLOCKS, Settings
 
@@ -68,6 +74,25 @@ _OUTPUT_WORDS: tuple[str, ...] = (
     "ワンピース", "進撃の巨人", "呪術廻戦", "鬼滅の刃", "の", "は", "が",
 )
 _OUTPUT_TOKEN_ID_OFFSET = 1000
+_WORD_LOGPROB = -math.log(len(_OUTPUT_WORDS))
+"""Every word is equally likely: its log-probability."""
+
+SIM_FIELD_SUPPORT: dict[str, str] = {
+    "n": "honoured: one simulated sequence per choice",
+    "logprobs": "honoured: each word's probability under the simulator's uniform choice",
+    "top_logprobs": "honoured: that many other words, equally likely",
+    "min_tokens": "honoured", "ignore_eos": "honoured", "stop": "honoured", "seed": "honoured",
+    "temperature": "no effect: the simulator's choice is uniform",
+    "top_p": "no effect: the simulator's choice is uniform",
+    "top_k": "no effect: the simulator's choice is uniform",
+    "min_p": "no effect: the simulator's choice is uniform",
+    "presence_penalty": "no effect: the simulator's choice is uniform",
+    "frequency_penalty": "no effect: the simulator's choice is uniform",
+    "repetition_penalty": "no effect: the simulator's choice is uniform",
+    "response_format": "refused for json_object / json_schema: the simulator cannot constrain "
+                       "its text (run the vLLM engine); `text` is the default",
+}
+"""What the simulator does with each sampling field a request may carry."""
 # A zero-time step has nothing to wait for, so the simulator runs this many of them between
 # event-loop turns (requests join and leave at these turns; deltas reach consumers in batches,
 # as vLLM's output processor also batches them). Any step with a duration yields every time.
@@ -93,12 +118,16 @@ class _SimRequest:
     """Chained hashes of the prompt's full blocks (the prefix-cache keys)."""
     cached_tokens: int | None = None
     """Prompt tokens taken from the prefix cache at first admission; None before it."""
+    choice: int = 0
 
     num_tokens: int = 0
     """Prompt plus generated tokens (kept in step with output_ids)."""
 
     def eos_drawn(self, probability: float) -> bool:
-        """Whether the simulated model emits end-of-sequence now."""
+        """Whether the simulated model emits end-of-sequence now (never with ``ignore_eos``, nor
+        before ``min_tokens`` tokens came ahead of it, as vLLM: its end-of-sequence is a token)."""
+        if self.params.ignore_eos or len(self.output_ids) <= self.params.min_tokens:
+            return False
         return probability > 0.0 and self.rng.random() < probability
 
     def deliver(self, item: GenerationDelta | BaseException) -> None:
@@ -125,14 +154,17 @@ class _SimRequest:
             return first
         texts = [first.text]
         token_ids = list(first.token_ids)
+        logprobs = list(first.logprobs)
         finish = first.finish_reason
         while self.outbox and finish is None and not isinstance(self.outbox[0], BaseException):
             delta = self.outbox.popleft()
             assert isinstance(delta, GenerationDelta)
             texts.append(delta.text)
             token_ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
             finish = delta.finish_reason
-        return GenerationDelta("".join(texts), tuple(token_ids), finish, first.cached_tokens)
+        return GenerationDelta("".join(texts), tuple(token_ids), finish, first.cached_tokens,
+                               first.choice, tuple(logprobs))
 
 
 class SimEngine:
@@ -249,6 +281,50 @@ class SimEngine:
         params: SamplingParams,
         adapter: AdapterRef | None,
     ) -> AsyncIterator[GenerationDelta]:
+        if params.response_format is not None:
+            raise EngineRequestError(
+                f"response_format {params.response_format!r}: the simulated engine cannot "
+                "constrain its output to JSON; run the vLLM engine (--engine vllm)")
+        if params.n == 1:
+            async for delta in self._generate_one(request_id, prompt, params, adapter, 0):
+                yield delta
+            return
+        queue: asyncio.Queue[GenerationDelta | BaseException | None] = asyncio.Queue()
+
+        async def pump(choice: int) -> None:
+            try:
+                async for delta in self._generate_one(f"{request_id}#{choice}", prompt, params,
+                                                       adapter, choice):
+                    queue.put_nowait(delta)
+            except Exception as error:  # delivered in order, raised by the consumer
+                queue.put_nowait(error)
+            finally:
+                queue.put_nowait(None)
+
+        pumps = [asyncio.create_task(pump(choice)) for choice in range(params.n)]
+        try:
+            running = len(pumps)
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _generate_one(
+        self,
+        request_id: str,
+        prompt: RenderedPrompt,
+        params: SamplingParams,
+        adapter: AdapterRef | None,
+        choice: int,
+    ) -> AsyncIterator[GenerationDelta]:
         if self._dead_error is not None:
             raise EngineDead(f"engine is dead: {self._dead_error}") from self._dead_error
         if not self._started or self._closed:
@@ -268,9 +344,8 @@ class SimEngine:
             )
         if request_id in self._requests:
             raise EngineRequestError(f"request id {request_id!r} is already running")
-        seed = params.seed if params.seed is not None else (
-            zlib.crc32(prompt.text.encode("utf-8", "surrogatepass")) ^ self.seed
-        )
+        seed = (params.seed if params.seed is not None else (
+            zlib.crc32(prompt.text.encode("utf-8", "surrogatepass")) ^ self.seed)) + choice
         adapter_name = adapter.name if adapter is not None else None
         request = _SimRequest(
             request_id=request_id,
@@ -280,6 +355,7 @@ class SimEngine:
             adapter=adapter_name,
             rng=random.Random(seed),
             block_hashes=self._block_hashes(prompt.token_ids, adapter_name),
+            choice=choice,
         )
         self._requests[request_id] = request
         self._waiting.append(request)
@@ -567,9 +643,23 @@ class SimEngine:
             elif (len(request.output_ids) >= request.params.max_tokens
                   or request.num_tokens >= self.max_model_len):
                 finish = "length"
-        request.deliver(GenerationDelta(text, (token_id,), finish, request.cached_tokens))
+        request.deliver(GenerationDelta(text, (token_id,), finish, request.cached_tokens,
+                                        request.choice, self._logprobs(request, word_index)))
         if finish is not None:
             self._finish(request)
+
+    @staticmethod
+    def _logprobs(request: _SimRequest, word_index: int) -> tuple[TokenLogprob, ...]:
+        """The sampled word and ``logprobs`` others, all equally likely (see the docstring)."""
+        alternatives = request.params.logprobs
+        if alternatives is None:
+            return ()
+        word = _OUTPUT_WORDS[word_index]
+        others = (_OUTPUT_WORDS[(word_index + k) % len(_OUTPUT_WORDS)]
+                  for k in range(1, alternatives + 1))
+        top = ((word, _WORD_LOGPROB), *((other, _WORD_LOGPROB) for other in others))
+        return (TokenLogprob(word, _WORD_LOGPROB, tuple(word.encode("utf-8")), top[:max(
+            1, alternatives)]),)
 
     def _finish(self, request: _SimRequest) -> None:
         request.finished = True

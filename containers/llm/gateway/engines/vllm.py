@@ -20,7 +20,13 @@ What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
 * **Generation** — the gateway renders the prompt with the model's own tokenizer and chat
   template (checked against the engine tokenizer's, :mod:`gateway.rendering`) and passes the
   token ids (``TokensPrompt``), so what the context budget counted is
-  exactly what the engine sees; deltas stream with ``RequestOutputKind.DELTA``.
+  exactly what the engine sees; deltas stream with ``RequestOutputKind.DELTA``. The sampling
+  parameters are vLLM's own: the request's sampling fields go through vLLM's
+  ``ChatCompletionRequest.to_sampling_params`` with the model's generation defaults
+  (``model_config.get_diff_sampling_param()``), as vLLM's OpenAI server builds them, so
+  structured outputs, logprobs, ``n`` and every sampling extension mean what they mean there and
+  a vLLM upgrade brings its fixes. Each choice's deltas carry its index and, when asked for,
+  its tokens' logprobs as vLLM's server reports them.
 * **Errors** — ``EngineDeadError`` (the engine core died, e.g. a CUDA OOM in a step) becomes
   :class:`EngineDead`, or :class:`EngineOutOfMemory` when the cause was an out-of-memory error;
   ``torch.OutOfMemoryError`` raised in this process becomes :class:`EngineOutOfMemory`;
@@ -58,6 +64,7 @@ from gateway.engines.base import (
     KvCapacity,
     RenderedPrompt,
     SamplingParams,
+    TokenLogprob,
 )
 from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
@@ -92,16 +99,24 @@ ASYNC_LLM_MEMBERS: tuple[str, ...] = (
     "errored",
     "dead_error",
     "vllm_config",
+    "model_config",
 )
 """Every ``AsyncLLM`` member this adapter touches (checked against vLLM's source by the tests)."""
 
 GENERATE_KEYWORDS: tuple[str, ...] = ("lora_request",)
 """Keyword arguments this adapter passes to ``AsyncLLM.generate`` besides the positional ones."""
 
+SAMPLING_CONVERSION: tuple[str, ...] = ("model_validate", "to_sampling_params")
+"""What the adapter calls on vLLM's ``ChatCompletionRequest`` (checked against vLLM's source)."""
+
+LOGPROB_FLOOR = -9999.0
+"""vLLM's server reports no log-probability below this."""
+
 REQUEST_OUTPUT_FIELDS: tuple[str, ...] = ("outputs", "finished", "num_cached_tokens")
 """What the adapter reads from each ``RequestOutput`` (checked against vLLM's source)."""
 
 OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
+
 
 @dataclass(frozen=True)
 class VllmApi:
@@ -109,6 +124,7 @@ class VllmApi:
 
     AsyncEngineArgs: Any
     AsyncLLM: Any
+    ChatCompletionRequest: Any
     SamplingParams: Any
     RequestOutputKind: Any
     LoRARequest: Any
@@ -125,6 +141,7 @@ def load_vllm_api() -> VllmApi:
     """Import vLLM and torch: vLLM 0.33 on CUDA in the image, the CPU build in the test tier."""
     import torch
     from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMValidationError
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
@@ -137,6 +154,7 @@ def load_vllm_api() -> VllmApi:
     return VllmApi(
         AsyncEngineArgs=AsyncEngineArgs,
         AsyncLLM=AsyncLLM,
+        ChatCompletionRequest=ChatCompletionRequest,
         SamplingParams=SamplingParams,
         RequestOutputKind=RequestOutputKind,
         LoRARequest=LoRARequest,
@@ -278,6 +296,8 @@ class VllmEngine:
         self._dead: EngineDead | None = None
         self._adapter_status: dict[str, str] = {a.name: "not loaded" for a in self._adapters}
         self._lora_requests: dict[str, Any] = {}
+        self._default_sampling: dict[str, Any] = {}
+        self._tokenizer: Any = None
 
     @property
     def arguments(self) -> Mapping[str, Any]:
@@ -326,6 +346,10 @@ class VllmEngine:
             raise EngineError("vLLM started without a KV cache (cache_config.num_gpu_blocks=0)")
         self._capacity = KvCapacity(num_blocks=int(cache.num_gpu_blocks),
                                     block_size=int(cache.block_size))
+        # The model's generation defaults, as vLLM's server applies them (max_tokens is ours).
+        defaults = self._engine.model_config.get_diff_sampling_param()
+        self._default_sampling = {k: v for k, v in defaults.items() if k != "max_tokens"}
+        self._tokenizer = self._engine.get_tokenizer()
         LOG.info("vLLM engine started: %d KV blocks of %d tokens", cache.num_gpu_blocks,
                  cache.block_size)
         await self._register_adapters(api)
@@ -402,28 +426,21 @@ class VllmEngine:
             if lora_request is None:
                 status = self._adapter_status.get(adapter.name, "not configured")
                 raise AdapterUnavailable(f"adapter {adapter.name!r} is not available ({status})")
-        sampling = api.SamplingParams(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            stop=list(params.stop) or None,
-            seed=params.seed,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            output_kind=api.RequestOutputKind.DELTA,
-        )
+        sampling = self._sampling_params(api, params)
         engine_prompt = api.TokensPrompt(prompt_token_ids=list(prompt.token_ids))
         try:
             async for output in async_llm.generate(engine_prompt, sampling, request_id,
                                                    lora_request=lora_request):
-                completion = output.outputs[0]
-                yield GenerationDelta(
-                    text=completion.text,
-                    token_ids=tuple(completion.token_ids),
-                    finish_reason=_finish_reason(completion.finish_reason)
-                    if output.finished else None,
-                    cached_tokens=output.num_cached_tokens,
-                )
+                for completion in output.outputs:
+                    yield GenerationDelta(
+                        text=completion.text,
+                        token_ids=tuple(completion.token_ids),
+                        finish_reason=_finish_reason(completion.finish_reason),
+                        cached_tokens=output.num_cached_tokens,
+                        choice=int(completion.index),
+                        logprobs=self._token_logprobs(completion.token_ids,
+                                                      completion.logprobs),
+                    )
         except api.EngineDeadError as error:
             raise self._died(error) from error
         except api.OutOfMemoryErrors as error:
@@ -434,6 +451,44 @@ class VllmEngine:
             if async_llm.errored:
                 raise self._died(error) from error
             raise EngineRequestError(str(error)) from error
+
+    def _sampling_params(self, api: VllmApi, params: SamplingParams) -> Any:
+        """vLLM's own ``SamplingParams`` for the request's sampling fields (vLLM's server's
+        conversion, with the model's defaults); EngineRequestError when vLLM refuses them."""
+        body = {"model": self._settings.gateway.served_model_name, "stream": True,
+                "messages": [{"role": "user", "content": ""}], **params.request_fields}
+        refusals: tuple[type[BaseException], ...] = (ValueError, *api.ValidationErrors)
+        try:
+            request = api.ChatCompletionRequest.model_validate(body)
+            return request.to_sampling_params(params.max_tokens, self._default_sampling)
+        except refusals as error:  # pydantic's ValidationError is a ValueError
+            message = " ".join(str(error).split())[:500]
+            raise EngineRequestError(f"vLLM refused the sampling fields: {message}") from error
+
+    def _token_logprobs(self, token_ids: Sequence[int], logprobs: Any
+                        ) -> tuple[TokenLogprob, ...]:
+        """Each new token's logprob and alternatives, as vLLM's server formats them: the
+        engine's decoded token (or the tokenizer's decoding), in the engine's order."""
+        if not logprobs:
+            return ()
+        decode = self._tokenizer.decode
+        result = []
+        for token_id, positions in zip(token_ids, logprobs, strict=False):
+            sampled = positions.get(token_id) if positions else None
+            if sampled is None:
+                token = decode(token_id)
+                result.append(TokenLogprob(token, LOGPROB_FLOOR,
+                                           tuple(token.encode("utf-8", "replace"))))
+                continue
+            decoded = sampled.decoded_token
+            top = tuple((lp.decoded_token if lp.decoded_token is not None else decode([tid]),
+                         max(float(lp.logprob), LOGPROB_FLOOR))
+                        for tid, lp in positions.items())
+            result.append(TokenLogprob(
+                decoded if decoded is not None else decode([token_id]),
+                max(float(sampled.logprob), LOGPROB_FLOOR),
+                tuple(decoded.encode("utf-8", "replace")) if decoded is not None else None, top))
+        return tuple(result)
 
     def _require_running(self) -> tuple[VllmApi, Any]:
         if self._dead is not None:

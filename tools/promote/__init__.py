@@ -1,0 +1,1 @@
+"""`make promote`: make a quantization run's candidate the LLM's model data, checked first."""
