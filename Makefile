@@ -111,10 +111,11 @@ intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it lik
 	$(PY) neuron/compile.py --target cpu --model-dir build/intent-random --out build/intent-cpu --overwrite
 	PYTHONPATH=.:containers/intent INTENT_MODEL_DIR=build/intent-cpu/model $(PY) containers/intent/serve
 
-bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool), gateway overhead, traced vs eager classifier
+bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier
 	$(PY) benchmarks/gateway_vs_vllm.py
 	$(PY) benchmarks/conversation_replay.py
 	$(PY) benchmarks/admission_burst.py
+	$(PY) benchmarks/vllm_bench_client.py
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 

@@ -622,7 +622,7 @@ class ChatService:
                            ) from None
         except EngineRequestError as error:
             raise ApiError(400, f"the engine refused the request: {error}",
-                           param="messages") from None
+                           param=error.param or "messages") from None
         except EngineDead as error:
             self.supervisor.report_death(admission.generation, error)
             reason = ("engine_out_of_memory" if isinstance(error, EngineOutOfMemory)

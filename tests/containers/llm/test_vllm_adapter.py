@@ -8,6 +8,7 @@ streaming, error translation, stats, and the supervisor rebuilding a dead engine
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,7 @@ from gateway.engines.vllm import (
     VllmEngine,
     engine_arguments,
     token_ids_of,
+    write_zero_adapter,
 )
 from gateway.health import CrashLoopDetector, RestartPolicy
 from gateway.routing import adapter_refs
@@ -694,5 +696,60 @@ def test_sampling_fields_vllm_refuses_are_the_callers_error(settings: Any) -> No
     params = SamplingParams(max_tokens=8, logprobs=21,
                             request_fields={"logprobs": True, "top_logprobs": 21})
     with pytest.raises(EngineRequestError, match="vLLM refused the sampling fields: "
-                                                 "top_logprobs must be at most 20"):
+                                                 "top_logprobs must be at most 20") as caught:
         asyncio.run(collect(engine, params=params))
+    assert caught.value.param == "top_logprobs"
+
+
+def test_on_the_cpu_platform_the_base_model_runs_through_a_zero_adapter(
+        settings: Any, tmp_path: Path) -> None:
+    """vllm-project/vllm#48421: the CPU LoRA ops give base-model tokens the last adapter's
+    weights, so there the base model is served through a zero copy of a loaded adapter; on
+    CUDA it runs without one."""
+    written: list[tuple[Path, Path]] = []
+
+    def cpu_api() -> VllmApi:
+        return dataclasses.replace(fake_api(), device_type="cpu")
+
+    refs = adapter_refs(settings.gateway.adapters, settings.gateway.adapters_dir)
+    cpu_settings = load_settings({**stack_environment(), "ENGINE_BLOCK_SIZE": "32",
+                                  "GATEWAY_MODEL_DIR": str(settings.gateway.model_dir)})
+    cpu = VllmEngine(cpu_settings, adapters=tuple(refs.values()), api_loader=cpu_api,
+                     run_blocking=run_inline,
+                     zero_adapter_writer=lambda source, target: written.append((source, target)))
+    asyncio.run(cpu.start())
+    asyncio.run(collect(cpu))
+    base = FakeAsyncLLM.instances[-1].calls[-1][3]
+    assert base.lora_name == "__base__"
+    assert base.lora_int_id == max(ref.int_id for ref in refs.values()) + 1
+    assert written == [(Path(FakeAsyncLLM.instances[-1].loras[0].lora_path),
+                        Path(base.lora_path))]
+    assert "__base__" not in cpu.adapter_status()
+    asyncio.run(cpu.shutdown())
+    assert not Path(base.lora_path).exists()
+
+    cuda = make_engine(settings)
+    asyncio.run(cuda.start())
+    asyncio.run(collect(cuda))
+    assert FakeAsyncLLM.instances[-1].calls[-1][3] is None
+
+
+def test_the_zero_adapter_has_the_adapters_shape_and_no_weight(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "manga"
+    source.mkdir()
+    (source / "adapter_config.json").write_text('{"r": 8, "target_modules": ["q_proj"]}')
+    weights = {"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(8, 16),
+               "base_model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(16, 8)}
+    save_file(weights, str(source / "adapter_model.safetensors"))
+    write_zero_adapter(source, tmp_path / "zero")
+    zero = load_file(str(tmp_path / "zero" / "adapter_model.safetensors"))
+    assert {name: tensor.shape for name, tensor in zero.items()} == {
+        name: tensor.shape for name, tensor in weights.items()}
+    assert all(not tensor.any() for tensor in zero.values())
+    assert (tmp_path / "zero" / "adapter_config.json").read_text() == (
+        source / "adapter_config.json").read_text()
+    with pytest.raises(EngineError, match="no safetensors weights"):
+        write_zero_adapter(tmp_path / "nothing", tmp_path / "zero2")

@@ -51,7 +51,14 @@ class EngineConfigError(EngineError):
 
 
 class EngineRequestError(EngineError):
-    """The engine refused this one request (client-side problem); the engine itself is fine."""
+    """The engine refused this one request (client-side problem); the engine itself is fine.
+
+    ``param`` names the request field at fault when the engine's reason says which.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class AdapterUnavailable(EngineRequestError):

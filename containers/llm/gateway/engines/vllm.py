@@ -16,7 +16,11 @@ What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
   is what admission uses.
 * **LoRA adapters** — registered up front with ``add_lora`` under the stable integer ids the
   router assigns (position in ``GATEWAY_ADAPTERS``, from 1); one that fails to load is reported
-  in :meth:`VllmEngine.adapter_status` and the others keep serving.
+  in :meth:`VllmEngine.adapter_status` and the others keep serving. On vLLM's CPU platform the
+  base model is served through an all-zero copy of an adapter: its pure-PyTorch LoRA ops read a
+  base-model token's "no adapter" index (-1) as the *last* adapter slot, so a base-model request
+  batched with adapter requests would get that adapter's weights (vllm-project/vllm#48421, open;
+  the CUDA kernels skip -1). A zero adapter's delta is exactly zero, and no token carries -1.
 * **Generation** — the gateway renders the prompt with the model's own tokenizer and chat
   template (checked against the engine tokenizer's, :mod:`gateway.rendering`) and passes the
   token ids (``TokensPrompt``), so what the context budget counted is
@@ -45,8 +49,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gateway.engines.base import (
@@ -116,6 +124,25 @@ REQUEST_OUTPUT_FIELDS: tuple[str, ...] = ("outputs", "finished", "num_cached_tok
 """What the adapter reads from each ``RequestOutput`` (checked against vLLM's source)."""
 
 OOM_MARKERS: tuple[str, ...] = ("out of memory", "outofmemoryerror", "cuda oom")
+
+BASE_ADAPTER_NAME = "__base__"
+"""The zero adapter the base model is served through on the CPU platform (see the docstring)."""
+ZERO_ADAPTER_PLATFORMS: frozenset[str] = frozenset({"cpu"})
+"""Platforms whose LoRA ops apply the last adapter to base-model tokens (vllm#48421)."""
+
+
+def write_zero_adapter(source: Path, target: Path) -> None:
+    """Copy the PEFT LoRA adapter in ``source`` to ``target`` with every weight zero."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = source / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise EngineError(f"{weights}: no safetensors weights to derive the base adapter from")
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source / "adapter_config.json", target / "adapter_config.json")
+    save_file({name: torch.zeros_like(tensor) for name, tensor in load_file(str(weights)).items()},
+              str(target / "adapter_model.safetensors"))
 
 
 @dataclass(frozen=True)
@@ -281,6 +308,7 @@ class VllmEngine:
         adapters: Sequence[AdapterRef] = (),
         api_loader: Callable[[], VllmApi] = load_vllm_api,
         run_blocking: Callable[..., Any] | None = None,
+        zero_adapter_writer: Callable[[Path, Path], None] = write_zero_adapter,
     ) -> None:
         self._settings = settings
         self._arguments = engine_arguments(settings)
@@ -298,6 +326,9 @@ class VllmEngine:
         self._lora_requests: dict[str, Any] = {}
         self._default_sampling: dict[str, Any] = {}
         self._tokenizer: Any = None
+        self._write_zero_adapter = zero_adapter_writer
+        self._base_lora_request: Any = None
+        self._base_adapter_dir: Path | None = None
 
     @property
     def arguments(self) -> Mapping[str, Any]:
@@ -353,6 +384,24 @@ class VllmEngine:
         LOG.info("vLLM engine started: %d KV blocks of %d tokens", cache.num_gpu_blocks,
                  cache.block_size)
         await self._register_adapters(api)
+        if api.device_type in ZERO_ADAPTER_PLATFORMS and self._lora_requests:
+            await self._register_base_adapter(api)
+
+    async def _register_base_adapter(self, api: VllmApi) -> None:
+        """Serve the base model through a zero copy of a loaded adapter (see the docstring)."""
+        source = next(iter(self._lora_requests.values()))
+        target = Path(tempfile.mkdtemp(prefix="mangaassist-base-adapter-"))
+        self._base_adapter_dir = target
+        await self._run_blocking(self._write_zero_adapter, Path(source.lora_path), target)
+        request = api.LoRARequest(lora_name=BASE_ADAPTER_NAME,
+                                  lora_int_id=max(a.int_id for a in self._adapters) + 1,
+                                  lora_path=str(target))
+        if await self._engine.add_lora(request) is False:
+            raise EngineError("vLLM refused the zero base adapter")
+        self._base_lora_request = request
+        LOG.warning("vLLM on %s: base-model requests run through a zero-weight LoRA adapter "
+                    "(vllm-project/vllm#48421: the %s LoRA ops apply the last adapter to "
+                    "base-model tokens)", api.device_type, api.device_type)
 
     def _check_block_size(self, api: VllmApi) -> None:
         multiple = BLOCK_SIZE_MULTIPLE.get(api.device_type)
@@ -420,7 +469,7 @@ class VllmEngine:
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas for one request, translating vLLM's errors into ours."""
         api, async_llm = self._require_running()
-        lora_request = None
+        lora_request = self._base_lora_request
         if adapter is not None:
             lora_request = self._lora_requests.get(adapter.name)
             if lora_request is None:
@@ -446,11 +495,25 @@ class VllmEngine:
         except api.OutOfMemoryErrors as error:
             raise self._died(error) from error
         except api.ValidationErrors as error:
-            raise EngineRequestError(str(error)) from error
+            raise self._refused(str(error), params) from error
         except ValueError as error:  # vLLM raises plain ValueError for some bad requests
             if async_llm.errored:
                 raise self._died(error) from error
-            raise EngineRequestError(str(error)) from error
+            raise self._refused(str(error), params) from error
+
+    @staticmethod
+    def _refused(message: str, params: SamplingParams) -> EngineRequestError:
+        """vLLM's refusal of one request, naming the field at fault when it can: one it names,
+        or ``response_format`` for a grammar vLLM could not build from the schema."""
+        text = " ".join(message.split())[:500]
+        lowered = text.lower()
+        if params.response_format is not None and any(
+                word in lowered for word in ("grammar", "schema", "json")):
+            return EngineRequestError(f"response_format: the engine cannot build a grammar "
+                                      f"from this JSON schema: {text}", param="response_format")
+        named = [name for name in sorted(params.request_fields, key=len, reverse=True)
+                 if re.search(rf"\b{re.escape(name)}\b", text)]
+        return EngineRequestError(text, param=named[0] if named else None)
 
     def _sampling_params(self, api: VllmApi, params: SamplingParams) -> Any:
         """vLLM's own ``SamplingParams`` for the request's sampling fields (vLLM's server's
@@ -462,8 +525,9 @@ class VllmEngine:
             request = api.ChatCompletionRequest.model_validate(body)
             return request.to_sampling_params(params.max_tokens, self._default_sampling)
         except refusals as error:  # pydantic's ValidationError is a ValueError
-            message = " ".join(str(error).split())[:500]
-            raise EngineRequestError(f"vLLM refused the sampling fields: {message}") from error
+            refused = self._refused(str(error), params)
+            raise EngineRequestError(f"vLLM refused the sampling fields: {refused}",
+                                     param=refused.param) from error
 
     def _token_logprobs(self, token_ids: Sequence[int], logprobs: Any
                         ) -> tuple[TokenLogprob, ...]:
@@ -548,6 +612,9 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         """Shut the engine (and its core process) down; safe on a dead engine, idempotent."""
+        if self._base_adapter_dir is not None:
+            shutil.rmtree(self._base_adapter_dir, ignore_errors=True)
+            self._base_adapter_dir = None
         async_llm, self._engine = self._engine, None
         if async_llm is None:
             return
