@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
+.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -96,6 +96,12 @@ simulate: synth ## replay the traffic traces and an unpredicted spike through Pr
 
 cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
+
+capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces
+	$(PY) -m capacity_model plan --env $(ENV)
+	$(PY) -m capacity_model pools --env $(ENV)
+	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
+	stage=$$($(STAGE_OF_ENV)); $(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-$$stage/$${stage}Serving*.template.json) --spike-env $(ENV) --plot-dir docs/img
 
 local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
 	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))

@@ -50,11 +50,13 @@ from capacity_model.instance import (
     LatencySlo,
     instance_capacity,
 )
-from capacity_model.plan import LlmCapacity, llm_capacity
+from capacity_model.plan import LlmCapacity, ReuseInputs, ReuseState, llm_capacity
+from capacity_model.rates import SCENARIOS, GpuRates, RateRange, Scenario
 from capacity_model.roofline import RooflineInputs, estimate_point, estimate_profile
 
 __all__ = [
     "AMPERE_FP8_KV",
+    "SCENARIOS",
     "BucketCap",
     "BucketDemand",
     "CapacityError",
@@ -72,13 +74,18 @@ __all__ = [
     "FleetPlan",
     "FleetPolicy",
     "FloorPlan",
+    "GpuRates",
     "InstanceCapacity",
     "InstanceLoad",
     "Latency",
     "LatencySlo",
     "LlmCapacity",
+    "RateRange",
     "RequestMix",
+    "ReuseInputs",
+    "ReuseState",
     "RooflineInputs",
+    "Scenario",
     "StepBand",
     "Surge",
     "check_bands",

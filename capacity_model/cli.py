@@ -5,7 +5,12 @@ object the stacks get) and prints what :func:`capacity_model.llm_capacity` deriv
 0 fine, 2 a bad argument or configuration (one line per problem).
 
     python -m capacity_model plan --env prod
-    python -m capacity_model estimate --env prod --kv-cache-dtype fp8_e5m2 --write
+    python -m capacity_model pools --env prod
+    python -m capacity_model estimate --env prod --prompt-tokens 900 --output-tokens 190 \
+        --kv-cache-dtype fp8_e5m2 --write
+
+``estimate`` takes the GPU's rates from the decode-speed table (``rates``, at ``--scenario``);
+each flag overrides one of them.
 """
 
 from __future__ import annotations
@@ -14,11 +19,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from capacity_model.decode_speed import parse_decode_table
-from capacity_model.report import format_capacity
+from capacity_model.decode_speed import DecodeSpeedTable, DecodeTableError, parse_decode_table
+from capacity_model.rates import SCENARIOS
+from capacity_model.report import format_capacity, format_pools
 from capacity_model.roofline import RooflineInputs, estimate_profile
+
+if TYPE_CHECKING:
+    from gpu_budget import MemoryPlan
 
 PROG = "capacity_model"
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192)
@@ -59,15 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print an environment's LLM capacity plan")
     plan.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pools = sub.add_parser("pools", help="separate long/short pools against one pool, priced "
+                           "(docs/design-decisions.md#separate-pools)")
+    pools.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
+    pools.add_argument("--faster", default="ml.g6e.xlarge",
+                       help="the larger GPU instance an option moves pools to (default: "
+                       "%(default)s)")
     estimate = sub.add_parser(
         "estimate", help="estimate a decode profile (roofline) for an environment's GPU and model")
     estimate.add_argument("--env", required=True)
     estimate.add_argument("--kv-cache-dtype", default=None,
                           help="plan this KV dtype instead of the environment's")
-    estimate.add_argument("--memory-bandwidth-gb-s", type=_positive(float), required=True)
-    estimate.add_argument("--bandwidth-efficiency", type=_positive(float), default=0.77)
-    estimate.add_argument("--prefill-tokens-per-s", type=_positive(float), required=True)
+    estimate.add_argument("--instance", default=None,
+                          help="plan this instance type instead of the environment's")
+    estimate.add_argument("--scenario", choices=SCENARIOS, default="central",
+                          help="which end of the rates' ranges (default: %(default)s)")
+    estimate.add_argument("--memory-bandwidth-gb-s", type=_positive(float), default=None)
+    estimate.add_argument("--bandwidth-efficiency", type=_positive(float), default=None)
+    estimate.add_argument("--prefill-tokens-per-s", type=_positive(float), default=None)
+    estimate.add_argument("--decode-compute-tokens-per-s", type=_positive(float), default=None)
     estimate.add_argument("--prompt-tokens", type=_positive(int), required=True)
+    estimate.add_argument("--cached-prompt-tokens", type=int, default=0,
+                          help="prompt tokens the prefix cache serves (default: 0)")
     estimate.add_argument("--output-tokens", type=_positive(int), required=True)
     estimate.add_argument("--ttft-p99-over-p50", type=_positive(float), default=2.29)
     estimate.add_argument("--tpot-p99-over-p50", type=_positive(float), default=1.05)
@@ -89,6 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in str(error).splitlines():
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return 2
+    if args.command == "pools":
+        from capacity_model.pools import evaluate_pools, seed_002_options
+
+        capacity = settings.capacity_plan()
+        options = evaluate_pools(capacity, settings.memory_plan, settings.decode_speed_table(),
+                                 seed_002_options(settings.instance_type, args.faster))
+        print(format_pools(options))
+        return 0
     if args.command == "plan":
         capacity = settings.capacity_plan()
         if args.json:
@@ -99,16 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(format_capacity(capacity))
         return 0
-    plan = settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype)
+    path = REPO_ROOT / settings.capacity.decode_speed_file
+    table = parse_decode_table(path.read_text(encoding="utf-8"), source=str(path))
+    plan = settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype, instance=args.instance)
     try:
-        inputs = RooflineInputs(
-            weights_bytes=plan.weights_bytes, kv_bytes_per_token=plan.kv_bytes_per_token,
-            memory_bandwidth_gb_s=args.memory_bandwidth_gb_s,
-            bandwidth_efficiency=args.bandwidth_efficiency,
-            prefill_tokens_per_s=args.prefill_tokens_per_s, prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens, ttft_p99_over_p50=args.ttft_p99_over_p50,
-            tpot_p99_over_p50=args.tpot_p99_over_p50)
-    except ValueError as error:
+        inputs = _estimate_inputs(args, table, plan)
+    except (ValueError, DecodeTableError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     profile = estimate_profile(gpu=plan.gpu_model, model=plan.model_name,
@@ -118,9 +144,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.write:
         print(json.dumps(profile.to_dict(), indent=2, ensure_ascii=False))
         return 0
-    path = REPO_ROOT / settings.capacity.decode_speed_file
-    table = parse_decode_table(path.read_text(encoding="utf-8"), source=str(path))
     path.write_text(table.with_profile(profile).to_json(), encoding="utf-8")
     print(f"wrote {profile.describe()} ({len(profile.points)} points, assumption) to {path}",
           file=sys.stderr)
     return 0
+
+
+def _estimate_inputs(args: argparse.Namespace, table: DecodeSpeedTable,
+                     plan: MemoryPlan) -> RooflineInputs:
+    """The roofline's inputs: the table's rates for the plan's GPU at ``--scenario``, each
+    overridden by its flag (no rates are needed when every rate flag is given)."""
+    rate_flags = (args.memory_bandwidth_gb_s, args.bandwidth_efficiency,
+                  args.prefill_tokens_per_s, args.decode_compute_tokens_per_s)
+    if all(flag is not None for flag in rate_flags):
+        bandwidth, efficiency, prefill, compute = rate_flags
+    else:
+        rates = table.rates_for(plan.gpu_model, plan.model_name, plan.quantization)
+        bandwidth = _or(args.memory_bandwidth_gb_s, rates.memory_bandwidth_gb_s)
+        efficiency = _or(args.bandwidth_efficiency, rates.bandwidth_efficiency.pick(
+            args.scenario))
+        prefill = _or(args.prefill_tokens_per_s, rates.prefill_tokens_per_s(args.scenario))
+        compute = _or(args.decode_compute_tokens_per_s,
+                      rates.decode_compute_tokens_per_s(args.scenario))
+    return RooflineInputs(
+        weights_bytes=plan.weights_bytes, kv_bytes_per_token=plan.kv_bytes_per_token,
+        memory_bandwidth_gb_s=bandwidth, bandwidth_efficiency=efficiency,
+        prefill_tokens_per_s=round(prefill, 1), decode_compute_tokens_per_s=round(compute, 1),
+        prompt_tokens=args.prompt_tokens, cached_prompt_tokens=args.cached_prompt_tokens,
+        output_tokens=args.output_tokens, ttft_p99_over_p50=args.ttft_p99_over_p50,
+        tpot_p99_over_p50=args.tpot_p99_over_p50)
+
+
+def _or(flag: float | None, default: float) -> float:
+    return default if flag is None else flag

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from capacity_model.rates import GpuRates, RatesError, parse_rates
+
 TABLE_VERSION = 1
 FigureStatus = Literal["assumption", "measured"]
 STATUSES: tuple[str, ...] = ("assumption", "measured")
@@ -164,6 +166,9 @@ class DecodeSpeedTable:
 
     profiles: tuple[DecodeProfile, ...]
     source: str = "decode-speed table"
+    rates: tuple[GpuRates, ...] = ()
+    """The GPUs' prefill and decode rates with their ranges and sources
+    (:mod:`capacity_model.rates`): what estimated profiles are computed from."""
 
     def lookup(self, gpu: str, model: str, quantization: str,
                kv_cache_dtype: str) -> DecodeProfile:
@@ -178,6 +183,18 @@ class DecodeSpeedTable:
             f"quantization / kv_cache_dtype); the table has: {known}. Measure it with "
             "scripts/gpu-smoke.sh on that GPU, or add an estimate (capacity_model.roofline)")
 
+    def rates_for(self, gpu: str, model: str, quantization: str) -> GpuRates:
+        """The rates of a GPU, model and weight format; DecodeTableError lists the ones there
+        are."""
+        wanted = (gpu, model, quantization)
+        for rates in self.rates:
+            if rates.key == wanted:
+                return rates
+        known = "; ".join(" / ".join(r.key) for r in self.rates) or "none"
+        raise DecodeTableError(
+            f"{self.source}: no rates for {' / '.join(wanted)} (gpu / model / quantization); "
+            f"the table has: {known}. Add them with their sources (capacity_model.rates)")
+
     def with_profile(self, profile: DecodeProfile) -> DecodeSpeedTable:
         """The table with ``profile`` added, or replacing the profile with the same key."""
         kept = tuple(p for p in self.profiles if p.key != profile.key)
@@ -185,8 +202,10 @@ class DecodeSpeedTable:
 
     def to_json(self) -> str:
         """The file form, profiles sorted by key (stable diffs)."""
-        document = {"version": TABLE_VERSION,
-                    "profiles": [p.to_dict() for p in sorted(self.profiles, key=lambda p: p.key)]}
+        document: dict[str, Any] = {"version": TABLE_VERSION}
+        if self.rates:
+            document["rates"] = [r.to_dict() for r in sorted(self.rates, key=lambda r: r.key)]
+        document["profiles"] = [p.to_dict() for p in sorted(self.profiles, key=lambda p: p.key)]
         return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -200,7 +219,7 @@ def parse_decode_table(text: str, *, source: str = "decode-speed table") -> Deco
             from None
     if not isinstance(document, dict):
         raise DecodeTableError(f"{source}: accepted: an object with version and profiles")
-    _keys(document, {"version", "profiles"}, set(), source)
+    _keys(document, {"version", "profiles"}, {"rates"}, source)
     if document["version"] != TABLE_VERSION:
         raise DecodeTableError(f"{source}.version: {document['version']!r} is not accepted; "
                                f"accepted: {TABLE_VERSION}")
@@ -214,7 +233,24 @@ def parse_decode_table(text: str, *, source: str = "decode-speed table") -> Deco
     if duplicates:
         raise DecodeTableError(f"{source}: two profiles for {' / '.join(duplicates[0])}; "
                                "accepted: one per gpu / model / quantization / kv_cache_dtype")
-    return DecodeSpeedTable(profiles=profiles, source=source)
+    return DecodeSpeedTable(profiles=profiles, source=source,
+                            rates=_rates(document.get("rates", []), source))
+
+
+def _rates(data: Any, source: str) -> tuple[GpuRates, ...]:
+    if not isinstance(data, list):
+        raise DecodeTableError(f"{source}.rates: accepted: a list of rates entries")
+    try:
+        rates = tuple(parse_rates(item, f"{source}.rates[{index}]")
+                      for index, item in enumerate(data))
+    except RatesError as error:
+        raise DecodeTableError(str(error)) from None
+    keys = [r.key for r in rates]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise DecodeTableError(f"{source}: two rates entries for {' / '.join(duplicates[0])}; "
+                               "accepted: one per gpu / model / quantization")
+    return rates
 
 
 def _profile(data: Any, where: str) -> DecodeProfile:

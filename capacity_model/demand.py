@@ -5,6 +5,11 @@ L, XL by prompt + ``max_tokens``, fractions of ``max_model_len``) with each buck
 prompt, ``max_tokens`` and generated tokens. The gateway reserves prompt + ``max_tokens`` of KV
 for every admitted request (its worst case), so that is what bounds how many fit; the *generated*
 tokens are what the GPU spends decode steps on, so that is what bounds how many per minute.
+Each typical prompt also says how much of it is the product's **system prompt** (the same for
+every conversation: always in the prefix cache) and how much is **earlier conversation**
+(served from the cache when the instance still holds the conversation's previous turn, as far
+as the window's steps allow: :mod:`capacity_model.prefix_reuse`); the rest — retrieved context
+and the new message — is prefilled every time.
 
 **A conversation** (30+ turns within the SLA, ~100 tokens a turn:
 docs/design-decisions.md#conversations-per-gpu) is sized the way the gateway's context budget
@@ -44,11 +49,25 @@ class BucketDemand:
     prompt_tokens: int
     max_tokens: int
     output_tokens: int
+    system_tokens: int = 0
+    """The part of the prompt that is the product's shared system prompt (always cached)."""
+    history_tokens: int = 0
+    """The part that is earlier turns of the conversation (cached as far as reuse allows)."""
 
     @property
     def reserved_tokens(self) -> int:
         """What the gateway reserves for it: prompt + ``max_tokens``."""
         return self.prompt_tokens + self.max_tokens
+
+    def cached_tokens(self, block_size: int, history_reuse: float) -> float:
+        """Prompt tokens the prefix cache serves on average: the system prompt's whole blocks
+        plus ``history_reuse`` of the earlier conversation (never the last prompt token)."""
+        system = self.system_tokens // block_size * block_size
+        return min(system + history_reuse * self.history_tokens, self.prompt_tokens - 1)
+
+    def uncached_tokens(self, block_size: int, history_reuse: float) -> float:
+        """What a prefill of this request computes."""
+        return self.prompt_tokens - self.cached_tokens(block_size, history_reuse)
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,10 @@ class RequestMix:
     def mean_output_tokens(self) -> float:
         """Share-weighted generated tokens."""
         return sum(d.share * d.output_tokens for d in self.demands)
+
+    def mean_cached_tokens(self, block_size: int, history_reuse: float) -> float:
+        """Share-weighted prompt tokens served from the prefix cache."""
+        return sum(d.share * d.cached_tokens(block_size, history_reuse) for d in self.demands)
 
     def mean_reserved_blocks(self, block_size: int) -> float:
         """Share-weighted KV blocks the gateway reserves per admitted request."""
@@ -120,6 +143,15 @@ def _entry_problems(demand: BucketDemand, seen: set[RequestBucket]) -> list[str]
         value = getattr(demand, label)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"{name}.{label}: {value!r}; accepted: an integer >= 1")
+    for label in ("system_tokens", "history_tokens"):
+        value = getattr(demand, label)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            problems.append(f"{name}.{label}: {value!r}; accepted: an integer >= 0")
+    if not problems and demand.system_tokens + demand.history_tokens >= demand.prompt_tokens:
+        problems.append(f"{name}: system_tokens + history_tokens = "
+                        f"{demand.system_tokens + demand.history_tokens:,} leave nothing of the "
+                        f"{demand.prompt_tokens:,}-token prompt for the new message; accepted: "
+                        "less than prompt_tokens")
     return problems
 
 

@@ -6,16 +6,21 @@ Three limits bound how many requests one engine should hold at once, and the sma
   ``max_tokens``, whole blocks) fits under ``watermark`` × the pool the GPU budget planned;
 * **the engine's** ``max_num_seqs`` — the GPU budget sized it (the sampler's memory grows with
   it); requests beyond it wait inside vLLM;
-* **the latency SLOs** — the largest batch whose time-per-output-token p99 and time-to-first-
-  token p99 stay within the SLOs, from the decode-speed table (TTFT scaled by the mix's mean
-  prompt over the profile's: a prefill is proportional to its tokens; measure the profile at
-  the mix's shape and the scale is 1).
+* **the latency SLOs** — the largest batch whose time-per-output-token p99 and the time to
+  first token p99 of *every* bucket's typical request stay within the SLOs
+  (:mod:`capacity_model.latency`: a request's first token waits for the prefill of its own
+  *uncached* prompt tokens — what the prefix cache does not serve — behind the batch's prefill
+  queue). The XL bucket, long conversations, is the one that binds.
 
 Per bucket, the KV limit is taken at the bucket's *largest* request (a bucket full of its
-biggest requests must fit): those are the gateway's per-bucket concurrency caps. For the mix,
-the KV limit is at the mix's mean reservation; at the resulting concurrency ``N`` a request
-lasts ``TTFT + generated tokens × TPOT`` (p50s) and Little's law gives the sustainable rate
-``60 × N / duration`` per minute.
+biggest requests must fit), bounded by ``max_num_seqs``: those are the gateway's per-bucket
+concurrency caps (``GATEWAY_BUCKET_CAPS``). The latency SLO is not in them: the gateway's
+admission forecasts each request's first token and refuses what would miss
+``GATEWAY_TTFT_SLO_S`` (docs/design-decisions.md#ttft-admission), so a cap at the mix's SLO-bound
+batch would only turn away short requests the engine could serve in time. For the mix, the
+limit is the smallest of the three; at the resulting concurrency ``N`` a request lasts ``TTFT +
+generated tokens × TPOT`` (p50s) and Little's law gives the sustainable rate ``60 × N /
+duration`` per minute: what the fleet is scaled by.
 
 Pure module.
 """
@@ -23,14 +28,18 @@ Pure module.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from capacity_model.decode_speed import DecodeProfile
+from capacity_model.decode_speed import DecodeProfile, Latency
 from capacity_model.demand import RequestMix, blocks_for
+from capacity_model.latency import LatencyModel, MeasuredLatency
 from gpu_budget import MemoryPlan
 from request_buckets import RequestBucket
 
+Z99 = 2.326
+"""The standard normal's 99th percentile."""
 SHAPE_MISMATCH = 0.5
 """A mix whose mean prompt or output differs from the profile's shape by more than this share
 gets a note: the profile was measured (or estimated) for other requests."""
@@ -66,6 +75,18 @@ class BucketCap:
 
 
 @dataclass(frozen=True)
+class BucketLatency:
+    """The first token of one bucket's typical request at the instance's batch."""
+
+    bucket: str
+    prompt_tokens: int
+    cached_tokens: float
+    time_to_first_token_p50_ms: float
+    time_to_first_token_p99_ms: float
+    meets_slo: bool
+
+
+@dataclass(frozen=True)
 class InstanceCapacity:
     """One instance's capacity for a mix, and the gateway caps that follow from it."""
 
@@ -88,6 +109,11 @@ class InstanceCapacity:
     decode_status: str
     decode_profile: str
     notes: tuple[str, ...]
+    history_reuse: float = 0.0
+    """Share of the earlier conversation in a prompt the prefix cache serves (sessions,
+    retention and the window's steps counted)."""
+    mean_cached_prompt_tokens: float = 0.0
+    bucket_latency: tuple[BucketLatency, ...] = ()
 
     def cap_of(self, bucket: RequestBucket | str) -> int:
         """The gateway's cap for ``bucket``."""
@@ -102,8 +128,14 @@ class InstanceCapacity:
         """JSON-ready form."""
         data = asdict(self)
         data["bucket_caps"] = [asdict(c) for c in self.bucket_caps]
+        data["bucket_latency"] = [asdict(b) for b in self.bucket_latency]
         data["notes"] = list(self.notes)
         return data
+
+    def latency_of(self, bucket: RequestBucket | str) -> BucketLatency:
+        """The first-token latency of ``bucket``'s typical request."""
+        name = RequestBucket(bucket).value
+        return next(b for b in self.bucket_latency if b.bucket == name)
 
 
 def _limited_by(limits: dict[str, int]) -> str:
@@ -111,85 +143,154 @@ def _limited_by(limits: dict[str, int]) -> str:
     return " and ".join(name for name, value in limits.items() if value == smallest)
 
 
-def slo_limit(profile: DecodeProfile, slo: LatencySlo, *, prompt_tokens: float) -> int:
-    """The largest batch size of ``profile`` whose p99s meet ``slo`` (TTFT scaled from the
-    profile's prompt to ``prompt_tokens``). CapacityError when even one request misses it."""
-    prompt_scale = prompt_tokens / profile.prompt_tokens
+def mixture_quantile(latencies: Sequence[tuple[float, Latency]], quantile: float = 0.99) -> float:
+    """The ``quantile`` of all requests' TTFT when each bucket (share, its p50 and p99) is
+    log-normal: what the SLO alarm, a p99 over every request, sees."""
+    spread = [(share, math.log(lat.p50_ms), max(math.log(lat.p99_ms / lat.p50_ms) / Z99, 1e-9))
+              for share, lat in latencies if share > 0]
+    total = sum(share for share, _, _ in spread)
+
+    def below(ms: float) -> float:
+        return sum(share * 0.5 * math.erfc(-(math.log(ms) - mu) / (sigma * math.sqrt(2)))
+                   for share, mu, sigma in spread) / total
+
+    low, high = min(lat.p50_ms for _, lat in latencies), max(lat.p99_ms for _, lat in latencies)
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        if below(middle) >= quantile:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def slo_limit(latency: LatencyModel, slo: LatencySlo, *,
+              uncached_tokens: dict[str, float], shares: dict[str, float]) -> int:
+    """The largest batch whose TPOT p99 and TTFT p99 over all requests (the buckets' typical
+    requests, ``uncached_tokens`` to prefill each, mixed by ``shares``) meet ``slo``.
+    CapacityError when even one request misses it."""
     best = 0
-    for size in range(1, profile.max_batch_size + 1):
-        point = profile.at(size)
+    for size in range(1, latency.max_batch_size + 1):
+        point = latency.at(size)
+        ttft = mixture_quantile([(shares[b], latency.ttft_of(size, u))
+                                 for b, u in uncached_tokens.items()])
         if (point.tpot.p99_ms <= slo.time_per_output_token_p99_ms
-                and point.ttft.p99_ms * prompt_scale <= slo.time_to_first_token_p99_ms):
+                and ttft <= slo.time_to_first_token_p99_ms):
             best = size
         else:
             break
     if best == 0:
-        first = profile.at(1)
+        first = latency.at(1)
+        ttft = mixture_quantile([(shares[b], latency.ttft_of(1, u))
+                                 for b, u in uncached_tokens.items()])
+        bucket, tokens = max(uncached_tokens.items(), key=lambda item: item[1])
         raise CapacityError(
-            f"{profile.describe()}: even one request misses the latency SLOs — TPOT p99 "
+            f"{latency.describe()}: even one request misses the latency SLOs — TPOT p99 "
             f"{first.tpot.p99_ms:,.1f} ms (SLO {slo.time_per_output_token_p99_ms:g}), TTFT "
-            f"p99 {first.ttft.p99_ms * prompt_scale:,.0f} ms at {prompt_tokens:,.0f} "
-            f"prompt tokens (SLO {slo.time_to_first_token_p99_ms:g}); relax the SLOs, shorten "
-            "the prompts or choose a faster GPU")
+            f"p99 {ttft:,.0f} ms over all requests (SLO {slo.time_to_first_token_p99_ms:g}; "
+            f"the longest prefill: {tokens:,.0f} prompt tokens, {bucket}); relax the SLOs, "
+            "shorten the prompts, reuse more of them or choose a faster GPU")
     return best
 
 
-def instance_capacity(plan: MemoryPlan, mix: RequestMix, profile: DecodeProfile,
-                      slo: LatencySlo, *, admission_watermark: float) -> InstanceCapacity:
-    """Derive the capacity of one instance sized by ``plan`` for ``mix`` within ``slo``."""
-    if not 0 < admission_watermark <= 1:
-        raise CapacityError(f"admission_watermark {admission_watermark!r}; accepted: (0, 1]")
-    if mix.bounds.max_model_len != plan.max_model_len:
-        raise CapacityError(f"the mix is bucketed for max_model_len {mix.bounds.max_model_len:,}"
-                            f", the plan runs {plan.max_model_len:,}")
-    if profile.key != (plan.gpu_model, plan.model_name, plan.quantization, plan.kv_cache_dtype):
-        raise CapacityError(f"{profile.describe()} does not describe the plan's "
+def _as_latency(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel | DecodeProfile,
+                history_reuse: float) -> LatencyModel:
+    if not isinstance(latency, DecodeProfile):
+        return latency
+    if latency.key != (plan.gpu_model, plan.model_name, plan.quantization, plan.kv_cache_dtype):
+        raise CapacityError(f"{latency.describe()} does not describe the plan's "
                             f"{plan.gpu_model} / {plan.model_name} / {plan.quantization} / kv "
                             f"{plan.kv_cache_dtype}")
-    admissible = math.floor(admission_watermark * plan.kv_pool_blocks)
-    by_slo = slo_limit(profile, slo, prompt_tokens=mix.mean_prompt_tokens)
+    uncached = mix.mean_prompt_tokens - mix.mean_cached_tokens(plan.block_size, history_reuse)
+    return MeasuredLatency(latency, uncached)
+
+
+def _notes(mix: RequestMix, latency: LatencyModel) -> list[str]:
+    notes: list[str] = []
+    if isinstance(latency, MeasuredLatency):
+        profile = latency.profile
+        for label, mine, theirs in (("prompt", mix.mean_prompt_tokens, profile.prompt_tokens),
+                                    ("output", mix.mean_output_tokens, profile.output_tokens)):
+            if abs(mine - theirs) > SHAPE_MISMATCH * theirs:
+                notes.append(f"the mix's mean {label} ({mine:,.0f} tokens) differs from the "
+                             f"decode profile's ({theirs:,}) by more than {SHAPE_MISMATCH:.0%}: "
+                             "measure at the mix's shape (tools/decode_bench.py "
+                             "--prompt-tokens/--output-tokens)")
+    if latency.status != "measured":
+        notes.append(f"{latency.describe()} is an assumption (not measured): run "
+                     "scripts/gpu-smoke.sh on the GPU to replace it")
+    return notes
+
+
+def _bucket_caps(plan: MemoryPlan, mix: RequestMix, admissible: int) -> list[BucketCap]:
     caps = []
     for bucket in RequestBucket:
         largest = mix.bounds.upper(bucket)
         kv = admissible // blocks_for(largest, plan.block_size)
-        limits = {"KV pool": kv, "max_num_seqs": plan.max_num_seqs, "latency SLO": by_slo}
+        limits = {"KV pool": kv, "max_num_seqs": plan.max_num_seqs}
         caps.append(BucketCap(bucket=bucket.value, largest_request_tokens=largest, kv_limit=kv,
                               cap=max(1, min(limits.values())), limited_by=_limited_by(limits)))
+    return caps
+
+
+def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel | DecodeProfile,
+                      slo: LatencySlo, *, admission_watermark: float,
+                      history_reuse: float = 0.0) -> InstanceCapacity:
+    """Derive the capacity of one instance sized by ``plan`` for ``mix`` within ``slo``.
+
+    ``latency`` is a measured profile (its TTFT scaled by uncached prompt tokens) or a latency
+    model already shaped to the mix (:func:`capacity_model.latency.latency_model`);
+    ``history_reuse`` the share of each prompt's earlier conversation the prefix cache serves.
+    """
+    if not 0 < admission_watermark <= 1:
+        raise CapacityError(f"admission_watermark {admission_watermark!r}; accepted: (0, 1]")
+    if not 0 <= history_reuse <= 1:
+        raise CapacityError(f"history_reuse {history_reuse!r}; accepted: 0 to 1")
+    if mix.bounds.max_model_len != plan.max_model_len:
+        raise CapacityError(f"the mix is bucketed for max_model_len {mix.bounds.max_model_len:,}"
+                            f", the plan runs {plan.max_model_len:,}")
+    model = _as_latency(plan, mix, latency, history_reuse)
+    uncached = {d.bucket.value: d.uncached_tokens(plan.block_size, history_reuse)
+                for d in mix.demands}
+    admissible = math.floor(admission_watermark * plan.kv_pool_blocks)
+    shares = {d.bucket.value: d.share for d in mix.demands}
+    by_slo = slo_limit(model, slo, uncached_tokens=uncached, shares=shares)
     kv_mix = math.floor(admissible / mix.mean_reserved_blocks(plan.block_size))
     limits = {"KV pool": kv_mix, "max_num_seqs": plan.max_num_seqs, "latency SLO": by_slo}
     concurrency = max(1, min(limits.values()))
-    point = profile.at(concurrency)
-    prompt_scale = mix.mean_prompt_tokens / profile.prompt_tokens
-    ttft_p50_ms = point.ttft.p50_ms * prompt_scale
-    duration_s = (ttft_p50_ms + mix.mean_output_tokens * point.tpot.p50_ms) / 1000
-    notes: list[str] = []
-    for label, mine, theirs in (("prompt", mix.mean_prompt_tokens, profile.prompt_tokens),
-                                ("output", mix.mean_output_tokens, profile.output_tokens)):
-        if abs(mine - theirs) > SHAPE_MISMATCH * theirs:
-            notes.append(f"the mix's mean {label} ({mine:,.0f} tokens) differs from the decode "
-                         f"profile's ({theirs:,}) by more than {SHAPE_MISMATCH:.0%}: measure at "
-                         "the mix's shape (tools/decode_bench.py --prompt-tokens/--output-tokens)")
-    if profile.status != "measured":
-        notes.append(f"{profile.describe()} is an assumption (not measured): run "
-                     "scripts/gpu-smoke.sh on the GPU to replace it")
+    point = model.at(concurrency)
+    duration_s = (point.ttft.p50_ms + mix.mean_output_tokens * point.tpot.p50_ms) / 1000
+    buckets = []
+    for demand in mix.demands:
+        ttft = model.ttft_of(concurrency, uncached[demand.bucket.value])
+        buckets.append(BucketLatency(
+            bucket=demand.bucket.value, prompt_tokens=demand.prompt_tokens,
+            cached_tokens=round(demand.cached_tokens(plan.block_size, history_reuse), 1),
+            time_to_first_token_p50_ms=round(ttft.p50_ms, 1),
+            time_to_first_token_p99_ms=round(ttft.p99_ms, 1),
+            meets_slo=ttft.p99_ms <= slo.time_to_first_token_p99_ms))
     return InstanceCapacity(
         instance_type=plan.instance_type,
         kv_pool_blocks=plan.kv_pool_blocks,
         admission_watermark=admission_watermark,
         admissible_blocks=admissible,
-        bucket_caps=tuple(caps),
+        bucket_caps=tuple(_bucket_caps(plan, mix, admissible)),
         kv_limit=kv_mix,
         max_num_seqs=plan.max_num_seqs,
         slo_limit=by_slo,
         concurrency=concurrency,
         limited_by=_limited_by(limits),
-        time_to_first_token_p50_ms=round(ttft_p50_ms, 1),
-        time_to_first_token_p99_ms=round(point.ttft.p99_ms * prompt_scale, 1),
+        time_to_first_token_p50_ms=round(point.ttft.p50_ms, 1),
+        time_to_first_token_p99_ms=round(point.ttft.p99_ms, 1),
         time_per_output_token_p50_ms=round(point.tpot.p50_ms, 2),
         time_per_output_token_p99_ms=round(point.tpot.p99_ms, 2),
         request_seconds=round(duration_s, 3),
         sustainable_invocations_per_min=round(60 * concurrency / duration_s, 1),
-        decode_status=profile.status,
-        decode_profile=profile.describe(),
-        notes=tuple(notes),
+        decode_status=model.status,
+        decode_profile=model.describe(),
+        notes=tuple(_notes(mix, model)),
+        history_reuse=round(history_reuse, 4),
+        mean_cached_prompt_tokens=round(mix.mean_cached_tokens(plan.block_size, history_reuse),
+                                        1),
+        bucket_latency=tuple(buckets),
     )

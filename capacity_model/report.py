@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from capacity_model.fleet import FleetPlan
 from capacity_model.plan import LlmCapacity
+from capacity_model.pools import PoolOption
+from capacity_model.rates import SCENARIOS
 
 
 def format_fleet(fleet: FleetPlan) -> list[str]:
@@ -40,6 +44,88 @@ def format_fleet(fleet: FleetPlan) -> list[str]:
     return lines
 
 
+def format_rates(capacity: LlmCapacity) -> list[str]:
+    """The GPU's rates: the range and the scenario in use."""
+    rates, inputs = capacity.rates, capacity.reuse_inputs
+    if rates is None:
+        return ["GPU rates: none in the table (the decode profile's points are used as they are)"]
+    prefill = " / ".join(f"{rates.prefill_tokens_per_s(s):,.0f}" for s in SCENARIOS)
+    efficiency = " / ".join(f"{rates.bandwidth_efficiency.pick(s):g}" for s in SCENARIOS)
+    factor = "" if inputs.prefill_factor == 1 else f", prefill × {inputs.prefill_factor:g}"
+    return [
+        f"GPU rates ({rates.status}; config/decode_speed.json rates, {len(rates.sources)} "
+        f"sources): prefill {prefill} tokens/s, decode {rates.memory_bandwidth_gb_s:g} GB/s × "
+        f"{efficiency} (pessimistic / central / optimistic); sized at {inputs.scenario}{factor}",
+    ]
+
+
+def format_reuse(capacity: LlmCapacity) -> list[str]:
+    """Prefix reuse: the window's share, sessions, retention, and what a prompt costs."""
+    state, summary = capacity.reuse, capacity.conversation_reuse.summary
+    instance = capacity.instance
+    routing = (f"sticky sessions, TTL {state.session_ttl_s} s (GATEWAY_SESSION_TTL_S): "
+               f"{state.affinity:.0%} of turns reach the instance of their previous turn"
+               if state.sessions else
+               f"no sessions: 1 in {state.instances} turns reaches the instance of its previous "
+               "turn")
+    return [
+        "Prefix reuse (the earlier conversation a prompt carries, from the prefix cache)",
+        f"  the window's own share         {state.window_reuse:.1%} ({summary.turns}-turn "
+        f"replay, {summary.steps} steps; {summary.cached_share:.0%} of all its prompt tokens "
+        "cached on one engine)",
+        f"  routing                       {routing}",
+        f"  retention                     {state.retention:.0%} (a freed block survives "
+        f"{state.hold_s:.0f} s at this load; mean think time "
+        f"{capacity.reuse_inputs.think_time_s:g} s)",
+        f"  counted                       {state.history_reuse:.1%} of the earlier conversation; "
+        f"{instance.mean_cached_prompt_tokens:,.0f} of the mix's "
+        f"{capacity.mix.mean_prompt_tokens:,.0f} prompt tokens cached on average",
+    ]
+
+
+def _instances(capacity: LlmCapacity) -> str:
+    count = capacity.fleet.business_hours.min_capacity
+    return f"{count} instance{'' if count == 1 else 's'}"
+
+
+def format_sessions(capacity: LlmCapacity) -> list[str]:
+    """What pinning does to spread and scaling, and the TTL that follows."""
+    spread, effects = capacity.session_effects()
+    return [
+        "Sticky sessions (what pinning conversations costs and buys)",
+        f"  session TTL                   {effects.ttl_s} s: the fleet's reaction time "
+        f"({capacity.fleet.reaction_s} s) in whole minutes, so sessions pinned before a rise "
+        "have re-opened on the least-loaded instance by the time new ones serve",
+        f"  re-opens                      {effects.repin_share:.0%} of turns follow an expiry "
+        f"(one turn every {capacity.reuse.turn_interval_s:.0f} s)",
+        f"  load spread at the target     {spread.sessions_per_instance:,.0f} sessions per "
+        f"instance, each busy {spread.active_share:.0%} of the time: p99 in flight "
+        f"{spread.p99_over_mean_pinned:.2f}× the mean pinned vs "
+        f"{spread.p99_over_mean_pooled:.2f}× pooled over {_instances(capacity)}; above the "
+        "sustainable "
+        f"{spread.overload_share_pinned:.1%} vs {spread.overload_share_pooled:.1%} of the time",
+        f"  scale-out / scale-in          new instances take only new and re-opened sessions "
+        f"(all within {effects.drain_s} s); a removed instance's sessions re-prefill "
+        f"{effects.scale_in_prefill_s:,.0f} GPU-seconds on the others",
+    ]
+
+
+def format_conversation_load(capacity: LlmCapacity) -> list[str]:
+    """The configured conversation as an instance's whole load."""
+    load = capacity.conversation_load
+    if load is None:
+        return ["  as the whole load             not servable within the SLOs on this GPU"]
+    latency = load.capacity.bucket_latency[0]
+    turns = "turn" if load.in_flight == 1 else "turns"
+    return [
+        f"  as the whole load             {load.in_flight} {turns} in flight within the SLOs "
+        f"(the pool holds {load.in_flight_kv}; limited by {load.capacity.limited_by}): TTFT p99 "
+        f"{latency.time_to_first_token_p99_ms:,.0f} ms, {load.mean_cached_tokens:,.0f} of "
+        f"{load.mean_prompt_tokens:,.0f} prompt tokens cached, ≈{load.open_conversations:,.0f} "
+        "open conversations per GPU",
+    ]
+
+
 def format_capacity(capacity: LlmCapacity) -> str:
     """The whole plan as a multi-line table."""
     plan, instance, mix = capacity.memory_plan, capacity.instance, capacity.mix
@@ -53,6 +139,7 @@ def format_capacity(capacity: LlmCapacity) -> str:
         f"{capacity.slo.time_to_first_token_p99_ms:,.0f} ms, time per output token p99 <= "
         f"{capacity.slo.time_per_output_token_p99_ms:,.0f} ms",
         f"Decode speed: {instance.decode_profile} ({instance.decode_status})",
+        *format_rates(capacity),
         "",
         "Request mix (prompt + max_tokens decides the bucket)",
         f"  {'bucket':<18}{'share':>7}{'prompt':>8}{'max_tokens':>12}{'generated':>11}",
@@ -69,6 +156,9 @@ def format_capacity(capacity: LlmCapacity) -> str:
         lines.append(f"  {mix.bounds.label(cap.bucket):<18}{cap.cap:>5}   (KV pool holds "
                      f"{cap.kv_limit} of {cap.largest_request_tokens:,} tokens; limited by "
                      f"{cap.limited_by})")
+    lines += ["", *format_reuse(capacity)]
+    if capacity.reuse.sessions:
+        lines += ["", *format_sessions(capacity)]
     lines += [
         "",
         "One instance, this mix",
@@ -83,6 +173,10 @@ def format_capacity(capacity: LlmCapacity) -> str:
         f"{mix.mean_output_tokens:.0f} generated tokens × TPOT)",
         f"  sustainable                   {instance.sustainable_invocations_per_min:,.1f} "
         "invocations/min",
+        "  first token by bucket         " + ", ".join(
+            f"{b.bucket} p99 {b.time_to_first_token_p99_ms:,.0f} ms" for b in
+            instance.bucket_latency) + f" (SLO {capacity.slo.time_to_first_token_p99_ms:,.0f} "
+        "ms over all requests)",
         "",
         *format_fleet(capacity.fleet),
         "",
@@ -98,7 +192,26 @@ def format_capacity(capacity: LlmCapacity) -> str:
             f"limited by {option.limited_by})")
         for cost in option.costs:
             lines.append(f"      {cost}")
+    lines += format_conversation_load(capacity)
     notes = instance.notes
     if notes:
         lines += ["", "Notes", *(f"  - {note}" for note in notes)]
+    return "\n".join(lines)
+
+
+def format_pools(options: Sequence[PoolOption]) -> str:
+    """The pool options side by side (a Markdown table)."""
+    lines = [
+        "| option | pools (instance: per instance, night–day floors, avg instances) | night "
+        "min | XL TTFT p99 | per month (expected day) |",
+        "|---|---|---|---|---|",
+    ]
+    for option in options:
+        pools = "; ".join(
+            f"{p.spec.name} on {p.spec.instance_type}: "
+            f"{p.capacity.instance.sustainable_invocations_per_min:,.0f}/min, "
+            f"{p.night_min}–{p.day_min}, {p.expected_day_instance_hours / 24:.1f}"
+            for p in option.pools)
+        lines.append(f"| {option.name} | {pools} | {option.night_min} "
+                     f"| {option.xl_ttft_p99_ms / 1000:.2f} s | ${option.monthly_usd:,.0f} |")
     return "\n".join(lines)

@@ -1,21 +1,23 @@
-"""An estimate of the decode-speed curve, for GPUs and models nobody has measured yet.
+"""An estimate of the latency curve from the GPU's two rates, for set-ups nobody has measured yet.
 
 The decode-speed table (:mod:`capacity_model.decode_speed`) should hold measurements, but this
 project has not run vLLM on an A10G (``scripts/gpu-smoke.sh`` does that and writes its figures
-back). Until then the table holds this estimate, marked ``assumption``, with its inputs recorded in
-the profile (``estimated_from``) so that a test can recompute it and the file cannot drift from
-the method it claims.
+back). Until then the capacity model estimates the curve from the GPU's rates
+(:mod:`capacity_model.rates`: memory bandwidth and compute, each a sourced range), and the table
+keeps one estimate per profile, marked ``assumption``, with its inputs recorded
+(``estimated_from``) so that a test can recompute it and the file cannot drift from its method.
 
-The model is a closed loop of ``B`` requests in flight, each ``P`` prompt tokens in and ``O``
-tokens out, replaced as soon as it finishes (what ``vllm bench serve --max-concurrency B`` and
-:mod:`tools.decode_bench` measure):
+The model is a closed loop of ``B`` requests in flight, each ``P`` prompt tokens in (``C`` of
+them served from the prefix cache) and ``O`` tokens out, replaced as soon as it finishes (what
+``vllm bench serve --max-concurrency B`` and :mod:`tools.decode_bench` measure):
 
-* **Decode is memory-bound.** Each engine step reads every weight once and the KV cache of every
-  running sequence (PagedAttention): ``d(B) = (W + B × (P + O/2) × kv) / (bandwidth ×
-  efficiency)``. A single A100 decodes Llama-3.1-8B at one request at ≈ 77 % of its
-  memory-bandwidth ceiling (J. Musgrave, "vLLM throughput-latency sweep on NVIDIA A100"); the
-  A10G's bandwidth is 600 GB/s (Baseten, "NVIDIA A10 vs A10G for ML model inference").
-* **Prefill is compute-bound** and costs ``a = P / R`` seconds of the GPU per request at a
+* **A decode step** reads every weight once and the KV cache of every running sequence
+  (PagedAttention), at the usable bandwidth; it also computes ``B`` tokens, each worth the
+  FLOPs of a prompt token plus the output projection. Its time is the larger of the two (the
+  roofline): ``d(B) = max((W + B × (P + O/2) × kv) / (bandwidth × efficiency), B / Rc)`` with
+  ``Rc`` the compute roof in decode tokens per second. Cached prompt tokens are read like any
+  other: the cache saves their computation, not their KV.
+* **Prefill** is compute-bound and costs ``a = (P − C) / R`` seconds of the GPU per request at a
   prefill rate of ``R`` prompt tokens per second. vLLM's chunked prefill runs it inside the same
   steps as the decodes, so while the GPU prefills it does not decode.
 * **Steady state.** Per request the GPU spends ``a`` prefilling and ``O`` decode steps; the
@@ -23,13 +25,14 @@ tokens out, replaced as soon as it finishes (what ``vllm bench serve --max-concu
   ``T = a + d + O·d / (1 − B·a/T)``, a quadratic in ``T``; then ``TPOT = (T − a − d) / O``.
   The first token comes after its own prefill, slowed by the other ``B − 1`` requests' (a queue
   in front of the prefill), plus one step: ``TTFT = a / (1 − (B−1)·a/T) + d`` (the duration
-  equation counts only ``a + d``: the difference is the queueing the closed loop hides).
+  equation counts only ``a + d``: the difference is the queueing the closed loop hides). A
+  request of another size in the same batch waits the same queue for its own prefill:
+  :func:`ttft_seconds` with its own uncached tokens.
 * **Tails.** p99 = p50 × a ratio taken from a published ``vllm bench serve`` run at concurrency 8
   (Qwen3-8B, 2,048-token prompts: TTFT p99/median 2,200.61/959.99 ms = 2.29, TPOT 90.57/86.05 ms
   = 1.05; J. Wang, "Jetson Thor LLM benchmarking", 2025-10-12).
 
-It ignores prefix caching (the shared system prompt is usually cached, which makes real prefills
-shorter), LoRA adapter reads and CUDA-graph effects; a measurement replaces all of it.
+It ignores LoRA adapter reads and CUDA-graph effects; a measurement replaces all of it.
 
 Pure module: standard library only.
 """
@@ -54,13 +57,23 @@ class RooflineInputs:
     memory_bandwidth_gb_s: float
     bandwidth_efficiency: float
     prefill_tokens_per_s: float
-    prompt_tokens: int
-    output_tokens: int
+    decode_compute_tokens_per_s: float
+    prompt_tokens: float
+    cached_prompt_tokens: float
+    output_tokens: float
     ttft_p99_over_p50: float
     tpot_p99_over_p50: float
 
     def __post_init__(self) -> None:
+        cached = self.cached_prompt_tokens
+        if not (isinstance(cached, int | float) and math.isfinite(cached)
+                and 0 <= cached < self.prompt_tokens):
+            raise ValueError(f"roofline input cached_prompt_tokens: {cached!r} is not "
+                             f"accepted; accepted: 0 <= cached < prompt_tokens "
+                             f"({self.prompt_tokens!r})")
         for item in fields(self):
+            if item.name == "cached_prompt_tokens":
+                continue
             value = getattr(self, item.name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"roofline input {item.name}: {value!r} is not accepted; "
@@ -84,45 +97,48 @@ class RooflineInputs:
         if set(data) != expected:
             raise ValueError(f"estimated_from: missing {sorted(expected - set(data))}, unknown "
                              f"{sorted(set(data) - expected)}")
-        values = {name: float(value) for name, value in data.items()}
-        return cls(
-            weights_bytes=values["weights_bytes"],
-            kv_bytes_per_token=values["kv_bytes_per_token"],
-            memory_bandwidth_gb_s=values["memory_bandwidth_gb_s"],
-            bandwidth_efficiency=values["bandwidth_efficiency"],
-            prefill_tokens_per_s=values["prefill_tokens_per_s"],
-            prompt_tokens=int(values["prompt_tokens"]),
-            output_tokens=int(values["output_tokens"]),
-            ttft_p99_over_p50=values["ttft_p99_over_p50"],
-            tpot_p99_over_p50=values["tpot_p99_over_p50"],
-        )
+        return cls(**{name: float(value) for name, value in data.items()})
+
+    @property
+    def prefill_seconds(self) -> float:
+        """``a``: the GPU time of one request's prefill (its uncached prompt tokens)."""
+        return (self.prompt_tokens - self.cached_prompt_tokens) / self.prefill_tokens_per_s
 
 
-def step_seconds(inputs: RooflineInputs, batch_size: int) -> float:
-    """One decode step with ``batch_size`` sequences: weights + their KV, at the usable
-    bandwidth."""
+def step_seconds(inputs: RooflineInputs, batch_size: float) -> float:
+    """One decode step with ``batch_size`` sequences: weights + their KV at the usable
+    bandwidth, or their tokens' FLOPs at the compute roof, whichever takes longer."""
     mean_context = inputs.prompt_tokens + inputs.output_tokens / 2
     read = inputs.weights_bytes + batch_size * mean_context * inputs.kv_bytes_per_token
-    return read / (inputs.memory_bandwidth_gb_s * GB * inputs.bandwidth_efficiency)
+    memory = read / (inputs.memory_bandwidth_gb_s * GB * inputs.bandwidth_efficiency)
+    return max(memory, batch_size / inputs.decode_compute_tokens_per_s)
 
 
-def request_seconds(inputs: RooflineInputs, batch_size: int) -> float:
+def request_seconds(inputs: RooflineInputs, batch_size: float) -> float:
     """How long one request lasts in the closed loop (the larger root of the quadratic)."""
-    prefill = inputs.prompt_tokens / inputs.prefill_tokens_per_s
+    prefill = inputs.prefill_seconds
     step = step_seconds(inputs, batch_size)
     # (T − a − d)(T − B·a) = O·d·T  →  T² − T(a + d + B·a + O·d) + B·a(a + d) = 0
     total = prefill + step + batch_size * prefill + inputs.output_tokens * step
     return (total + math.sqrt(total * total - 4 * batch_size * prefill * (prefill + step))) / 2
 
 
+def ttft_seconds(inputs: RooflineInputs, batch_size: float,
+                 uncached_tokens: float | None = None) -> float:
+    """TTFT p50 of a request with ``uncached_tokens`` to prefill (default: the mix's own) in a
+    batch of ``batch_size`` requests shaped like ``inputs``."""
+    prefill = inputs.prefill_seconds
+    own = prefill if uncached_tokens is None else uncached_tokens / inputs.prefill_tokens_per_s
+    others_prefilling = (batch_size - 1) * prefill / request_seconds(inputs, batch_size)
+    return own / (1 - others_prefilling) + step_seconds(inputs, batch_size)
+
+
 def estimate_point(inputs: RooflineInputs, batch_size: int) -> DecodePoint:
     """TTFT and TPOT (p50 and p99) at ``batch_size`` requests in flight."""
-    prefill = inputs.prompt_tokens / inputs.prefill_tokens_per_s
     step = step_seconds(inputs, batch_size)
     duration = request_seconds(inputs, batch_size)
-    tpot_s = (duration - prefill - step) / inputs.output_tokens
-    others_prefilling = (batch_size - 1) * prefill / duration
-    ttft_s = prefill / (1 - others_prefilling) + step
+    tpot_s = (duration - inputs.prefill_seconds - step) / inputs.output_tokens
+    ttft_s = ttft_seconds(inputs, batch_size)
     return DecodePoint(
         batch_size=batch_size,
         ttft=Latency(ttft_s * 1000, ttft_s * 1000 * inputs.ttft_p99_over_p50),
@@ -130,7 +146,8 @@ def estimate_point(inputs: RooflineInputs, batch_size: int) -> DecodePoint:
         status="assumption",
         source=(f"roofline estimate, not measured: {inputs.memory_bandwidth_gb_s:g} GB/s × "
                 f"{inputs.bandwidth_efficiency:g}, prefill {inputs.prefill_tokens_per_s:,.0f} "
-                "tokens/s (capacity_model/roofline.py; measure with scripts/gpu-smoke.sh)"),
+                f"tokens/s, decode compute {inputs.decode_compute_tokens_per_s:,.0f} tokens/s "
+                "(capacity_model/roofline.py; measure with scripts/gpu-smoke.sh)"),
     )
 
 
@@ -140,10 +157,13 @@ def estimate_profile(*, gpu: str, model: str, quantization: str, kv_cache_dtype:
     sizes = sorted(set(batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch_sizes {list(batch_sizes)}: accepted: integers >= 1")
+    if not all(float(v).is_integer() for v in (inputs.prompt_tokens, inputs.output_tokens)):
+        raise ValueError("a stored profile is estimated at whole prompt and output tokens, got "
+                         f"{inputs.prompt_tokens!r} / {inputs.output_tokens!r}")
     points = tuple(_rounded(estimate_point(inputs, size)) for size in sizes)
     return DecodeProfile(gpu=gpu, model=model, quantization=quantization,
-                         kv_cache_dtype=kv_cache_dtype, prompt_tokens=inputs.prompt_tokens,
-                         output_tokens=inputs.output_tokens, points=points,
+                         kv_cache_dtype=kv_cache_dtype, prompt_tokens=int(inputs.prompt_tokens),
+                         output_tokens=int(inputs.output_tokens), points=points,
                          estimated_from=inputs.to_dict())
 
 

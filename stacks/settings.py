@@ -621,6 +621,11 @@ class BucketDemandSettings(_Strict):
     prompt_tokens: int = Field(ge=1)
     max_tokens: int = Field(ge=1)
     output_tokens: int = Field(ge=1, description="Tokens generated, on average.")
+    system_tokens: int = Field(
+        0, ge=0, description="Of the prompt: the product's system prompt (always cached).")
+    history_tokens: int = Field(
+        0, ge=0, description="Of the prompt: earlier turns of the conversation (cached as far "
+        "as the window, sessions and eviction allow; docs/capacity.md).")
 
 
 class ConversationSettings(_Strict):
@@ -635,6 +640,20 @@ class ConversationSettings(_Strict):
     rag_tokens: int = Field(1024, ge=0)
     rag_chunks: int = Field(4, ge=1, description="Retrieved chunks (the gateway keeps whole ones).")
     concurrent_wanted: int = Field(60, ge=1, description="Seed 001 story 1: >= 60 per GPU.")
+    think_time_s: float = Field(
+        45, gt=0, le=3600,
+        description="Mean time from the end of an answer to the customer's next message: how "
+        "long a conversation's cached prefix must survive (docs/capacity.md).")
+
+
+class RateChoiceSettings(_Strict):
+    """Which end of the GPU's rate ranges the fleet is sized at (config/decode_speed.json
+    ``rates``). Every environment sizes at ``central``; the cost report prices the others."""
+
+    scenario: Literal["pessimistic", "central", "optimistic"] = "central"
+    prefill_factor: float = Field(
+        1.0, gt=0, le=10,
+        description="Multiplies the scenario's prefill rate (the cost report's sensitivity).")
 
 
 class LlmCapacitySettings(_Strict):
@@ -653,6 +672,11 @@ class LlmCapacitySettings(_Strict):
         "WATERMARK); the rest absorbs prefix-cache and preemption slack.",
     )
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+    rates: RateChoiceSettings = Field(default_factory=RateChoiceSettings)
+    sessions: bool = Field(
+        True, description="The gateway pins a conversation's turns to one instance with "
+        "SageMaker stateful sessions (its prefix cache stays useful); False: every request is "
+        "routed by least outstanding requests.")
 
     @field_validator("decode_speed_file")
     @classmethod
@@ -803,6 +827,7 @@ class LlmEndpointSettings(_Strict):
             ContextWindow,
             Conversation,
             LatencySlo,
+            ReuseInputs,
             llm_capacity,
             request_mix,
         )
@@ -812,7 +837,8 @@ class LlmEndpointSettings(_Strict):
         window = ContextWindow(**self.context_window.model_dump())
         mix = request_mix(
             [BucketDemand(RequestBucket(name), d.share, d.prompt_tokens, d.max_tokens,
-                          d.output_tokens) for name, d in self.capacity.request_mix.items()],
+                          d.output_tokens, d.system_tokens, d.history_tokens)
+             for name, d in self.capacity.request_mix.items()],
             bucket_bounds(self.max_model_len),
         )
         conversation = self.capacity.conversation
@@ -831,6 +857,10 @@ class LlmEndpointSettings(_Strict):
                                       conversation.system_tokens, conversation.rag_tokens,
                                       conversation.rag_chunks),
             conversations_wanted=conversation.concurrent_wanted,
+            reuse=ReuseInputs(sessions=self.capacity.sessions,
+                              think_time_s=conversation.think_time_s,
+                              scenario=self.capacity.rates.scenario,
+                              prefill_factor=self.capacity.rates.prefill_factor),
         )
 
     def fleet_plan(self) -> FleetPlan:

@@ -16,6 +16,14 @@ the variant's instance type. Next to it: the seeds' "before" configuration
 (docs/design-decisions.md#before-fleet: four ``ml.g5.xlarge`` always on for the LLM, four
 ``ml.g4dn.xlarge`` for the classifier) at the same catalog prices, a table and a bar chart.
 
+**A range, not a point.** The LLM's per-instance rate rests on GPU rates that nobody has
+measured on this stack (``config/decode_speed.json`` ``rates``: each a low / central / high
+range with its sources). The environment is synthesized at the central rates; the report also
+synthesizes it (in process, no nag checks) at the pessimistic and optimistic ends and with the
+central prefill rate ±40 %, simulates the LLM's typical week and release day through each of
+those scalable targets, and prints the month for each: the price's range and its sensitivity
+to the prefill rate (``--no-range`` skips it).
+
 Prices are the catalog's approximate Tokyo on-demand figures (``gpu_budget/instances.py``):
 estimates, not a bill.
 """
@@ -26,10 +34,11 @@ import argparse
 import datetime as dt
 import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_budget import instance_type
 from gpu_budget.instances import HOURS_PER_MONTH
@@ -39,8 +48,32 @@ from tools.scaling_sim.engine import SimulationResult, simulate
 from tools.scaling_sim.template import ScalingSetup, TemplateError, load_template, scaling_setup
 from tools.scaling_sim.traces import TYPICAL_WEEK_MONDAY, Trace, day_trace, week_trace
 
+if TYPE_CHECKING:
+    from stacks.settings import EnvironmentSettings
+
 HOURS_PER_WEEK = 7 * 24
 ENDPOINTS: tuple[str, ...] = ("llm", "intent")
+PREFILL_SENSITIVITY = 0.4
+
+
+@dataclass(frozen=True)
+class RateVariant:
+    """One point of the range: which end of the rates, and a factor on the prefill rate."""
+
+    name: str
+    scenario: str
+    prefill_factor: float = 1.0
+
+
+RANGE_VARIANTS: tuple[RateVariant, ...] = (
+    RateVariant("optimistic rates", "optimistic"),
+    RateVariant("central rates (as synthesized)", "central"),
+    RateVariant("pessimistic rates", "pessimistic"),
+    RateVariant(f"central, prefill −{PREFILL_SENSITIVITY:.0%}", "central",
+                1 - PREFILL_SENSITIVITY),
+    RateVariant(f"central, prefill +{PREFILL_SENSITIVITY:.0%}", "central",
+                1 + PREFILL_SENSITIVITY),
+)
 
 
 @dataclass(frozen=True)
@@ -244,6 +277,111 @@ def plot_costs(costs: Sequence[EndpointCost], path: Path, *, title: str) -> Path
     return path
 
 
+@dataclass(frozen=True)
+class RangePoint:
+    """The LLM's month at one point of the rates' range."""
+
+    variant: RateVariant
+    prefill_tokens_per_s: float
+    per_instance_invocations_per_min: float
+    night_min: int
+    xl_ttft_p99_ms: float
+    cost: EndpointCost
+
+
+def variant_settings(data: dict[str, Any], variant: RateVariant,
+                     source: str) -> EnvironmentSettings:
+    """The environment's settings with the LLM sized at ``variant``'s rates."""
+    from stacks.settings import parse_settings
+
+    edited = json.loads(json.dumps(data))
+    edited["llm"].setdefault("capacity", {})["rates"] = {
+        "scenario": variant.scenario, "prefill_factor": variant.prefill_factor}
+    return parse_settings(edited, source=f"{source} ({variant.name})")
+
+
+def synthesize_serving(settings: EnvironmentSettings, outdir: Path) -> dict[str, Any]:
+    """The environment's Serving template, synthesized in process (no nag checks: a what-if)."""
+    import aws_cdk as cdk
+
+    from stacks.stage import MangaAssistStage
+    from stacks.synth import feature_flags
+
+    app = cdk.App(outdir=str(outdir), context=feature_flags())
+    MangaAssistStage(app, settings=settings)
+    app.synth()
+    return load_template(serving_template(outdir, settings.stage_name))
+
+
+def range_point(variant: RateVariant, settings: EnvironmentSettings, template: dict[str, Any],
+                traces: dict[str, Trace], calendar_path: Path,
+                release_days_per_month: float) -> RangePoint:
+    """Simulate and price the LLM of ``template`` (synthesized at ``variant``'s rates)."""
+    llm = settings.llm
+    capacity = llm.capacity_plan()
+    setup = scaling_setup(template, calendar_target="llm", scalable_target=target_logical_id(
+        template, f"{settings.resource_prefix}-llm"))
+    cost = endpoint_cost(endpoint="llm", setup=setup, week=traces["week"],
+                         release_day=traces["release_day"], ordinary_day=traces["ordinary_day"],
+                         calendar_path=calendar_path, delay_s=llm.scaling.provisioning_delay_s,
+                         release_days_per_month=release_days_per_month)
+    rates = capacity.rates
+    return RangePoint(
+        variant=variant,
+        prefill_tokens_per_s=(0.0 if rates is None else rates.prefill_tokens_per_s(
+            capacity.reuse_inputs.scenario) * capacity.reuse_inputs.prefill_factor),
+        per_instance_invocations_per_min=capacity.instance.sustainable_invocations_per_min,
+        night_min=capacity.fleet.off_peak.min_capacity,
+        xl_ttft_p99_ms=capacity.instance.latency_of("XL").time_to_first_token_p99_ms
+        if any(d.bucket.value == "XL" for d in capacity.mix.demands) else 0.0,
+        cost=cost)
+
+
+def range_table(points: Sequence[RangePoint], intent_monthly_usd: float) -> str:
+    """The LLM's month across the rates' range, and with it the total."""
+    lines = [
+        "| LLM sized at | prefill tokens/s | per instance | night min | XL TTFT p99 | avg "
+        "instances | shed in the week | LLM per month | total per month |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        cost = point.cost
+        lines.append(
+            f"| {point.variant.name} | {point.prefill_tokens_per_s:,.0f} "
+            f"| {point.per_instance_invocations_per_min:,.1f}/min | {point.night_min} "
+            f"| {point.xl_ttft_p99_ms / 1000:.2f} s | {cost.average_instances:.1f} "
+            f"| {cost.week_dropped_percent:.2f} % | **${cost.monthly_usd:,.0f}** "
+            f"| ${cost.monthly_usd + intent_monthly_usd:,.0f} |")
+    return "\n".join(lines)
+
+
+def plot_range(points: Sequence[RangePoint], path: Path, *, title: str) -> Path:
+    """The LLM's monthly price at each point of the range, as horizontal bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 3.6))
+    labels = [p.variant.name for p in points]
+    values = [p.cost.monthly_usd for p in points]
+    colors = ["#1f6fb2" if p.variant.prefill_factor == 1 else "#e67e22" for p in points]
+    axis.barh(range(len(points)), values, color=colors)
+    for index, value in enumerate(values):
+        axis.text(value, index, f" ${value:,.0f}", va="center", fontsize=9)
+    axis.set_yticks(range(len(points)), labels)
+    axis.invert_yaxis()
+    axis.set_xlabel("LLM endpoint, USD per month (catalog prices, approximate)")
+    axis.set_title(title)
+    axis.set_xlim(0, max(values) * 1.2)
+    axis.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
 def serving_template(assembly: Path, stage: str) -> Path:
     """``<assembly>/assembly-<Stage>/<Stage>Serving*.template.json``."""
     found = sorted((assembly / f"assembly-{stage}").glob(f"{stage}Serving*.template.json"))
@@ -251,6 +389,43 @@ def serving_template(assembly: Path, stage: str) -> Path:
         raise TemplateError(f"no {stage}Serving template under {assembly}/assembly-{stage}: "
                             "run make synth first")
     return found[0]
+
+
+def _traces(endpoint: str, settings: EnvironmentSettings, calendar: ReleaseCalendar,
+            release_date: dt.date) -> dict[str, Trace]:
+    profile = getattr(settings, endpoint).scaling.traffic.profile()
+    return {
+        "week": week_trace(TYPICAL_WEEK_MONDAY, profile, calendar, target=endpoint),
+        "release_day": day_trace(release_date, profile, calendar, name="release-day",
+                                 target=endpoint, description=""),
+        "ordinary_day": day_trace(release_date, profile, calendar, name="ordinary-day",
+                                  target=endpoint, description="",
+                                  kinds=(EventKind.RECURRING, EventKind.SEASONAL)),
+    }
+
+
+def price_range(settings: EnvironmentSettings, template: dict[str, Any],
+                traces: dict[str, Trace], calendar_path: Path,
+                release_days_per_month: float) -> list[RangePoint]:
+    """The LLM priced at every :data:`RANGE_VARIANTS` point (the central one from ``template``,
+    the others synthesized here)."""
+    import yaml
+
+    from stacks.settings import CONFIG_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / f"{settings.name}.yaml").read_text(encoding="utf-8"))
+    points = []
+    with tempfile.TemporaryDirectory(prefix="cost-range-") as scratch:
+        for index, variant in enumerate(RANGE_VARIANTS):
+            as_synthesized = variant.scenario == "central" and variant.prefill_factor == 1
+            variant_settings_ = (settings if as_synthesized else
+                                 variant_settings(data, variant, f"config/{settings.name}.yaml"))
+            print(f"pricing the LLM at {variant.name} ...", file=sys.stderr)
+            variant_template = (template if as_synthesized else synthesize_serving(
+                variant_settings_, Path(scratch) / str(index)))
+            points.append(range_point(variant, variant_settings_, variant_template, traces,
+                                      calendar_path, release_days_per_month))
+    return points
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,8 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the synthesized cloud assembly (default: %(default)s)")
     parser.add_argument("--release-days-per-month", type=float, default=1.0,
                         help="dated releases per month like the calendar's first (default: 1)")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="the bar chart; the range goes beside it as FILE-range.png")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--no-range", action="store_true",
+                        help="skip the price range over the GPU rates (saves four syntheses)")
     args = parser.parse_args(argv)
     from stacks.settings import REPO_ROOT, SettingsError, load_settings
 
@@ -282,10 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"template {template_path}", file=sys.stderr)
     costs: list[EndpointCost] = []
+    traces: dict[str, dict[str, Trace]] = {}
     for endpoint in ENDPOINTS:
-        endpoint_settings = getattr(settings, endpoint)
-        scaling = endpoint_settings.scaling
-        profile = scaling.traffic.profile()
         try:
             setup = scaling_setup(
                 template, calendar_target=endpoint,
@@ -297,26 +473,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"simulating {endpoint}: a typical week from {TYPICAL_WEEK_MONDAY} and the "
               f"release day {release_date} ...", file=sys.stderr)
+        traces[endpoint] = _traces(endpoint, settings, calendar, release_date)
         costs.append(endpoint_cost(
-            endpoint=endpoint, setup=setup,
-            week=week_trace(TYPICAL_WEEK_MONDAY, profile, calendar, target=endpoint),
-            release_day=day_trace(release_date, profile, calendar, name="release-day",
-                                  target=endpoint, description=""),
-            ordinary_day=day_trace(release_date, profile, calendar, name="ordinary-day",
-                                   target=endpoint, description="",
-                                   kinds=(EventKind.RECURRING, EventKind.SEASONAL)),
-            calendar_path=calendar_path, delay_s=scaling.provisioning_delay_s,
+            endpoint=endpoint, setup=setup, **traces[endpoint], calendar_path=calendar_path,
+            delay_s=getattr(settings, endpoint).scaling.provisioning_delay_s,
             release_days_per_month=args.release_days_per_month))
+    points = ([] if args.no_range else price_range(
+        settings, template, traces["llm"], calendar_path, args.release_days_per_month))
+    _report(settings, costs, points, plot=args.plot, json_path=args.json)
+    return 0
+
+
+def _report(settings: EnvironmentSettings, costs: Sequence[EndpointCost],
+            points: Sequence[RangePoint], *, plot: Path | None, json_path: Path | None) -> None:
     print(f"### Monthly cost, {settings.name} ({settings.region}, catalog prices, approximate)")
     print()
     print(cost_table(costs))
-    if args.plot is not None:
-        path = plot_costs(costs, args.plot, title=f"{settings.name}: monthly cost per endpoint")
+    if points:
+        intent = next(c.monthly_usd for c in costs if c.endpoint == "intent")
+        print()
+        print(f"### The LLM's price across the GPU rates' range ({settings.name})")
+        print()
+        print(range_table(points, intent))
+    if plot is not None:
+        path = plot_costs(costs, plot, title=f"{settings.name}: monthly cost per endpoint")
         print(f"wrote {path}", file=sys.stderr)
-    if args.json is not None:
-        args.json.write_text(json.dumps([c.to_dict() for c in costs], indent=1) + "\n",
-                             encoding="utf-8")
-    return 0
+        if points:
+            ranged = plot_range(points, plot.with_name(f"{plot.stem}-range{plot.suffix}"),
+                                title=f"{settings.name}: the LLM's month across the rates")
+            print(f"wrote {ranged}", file=sys.stderr)
+    if json_path is not None:
+        document: dict[str, Any] = {"endpoints": [c.to_dict() for c in costs], "range": [
+            {"variant": p.variant.name, "scenario": p.variant.scenario,
+             "prefill_factor": p.variant.prefill_factor,
+             "prefill_tokens_per_s": round(p.prefill_tokens_per_s, 1),
+             "per_instance_invocations_per_min": p.per_instance_invocations_per_min,
+             "night_min": p.night_min, "xl_ttft_p99_ms": p.xl_ttft_p99_ms,
+             **p.cost.to_dict()} for p in points]}
+        json_path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

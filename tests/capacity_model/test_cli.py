@@ -27,8 +27,22 @@ def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) ->
         f"min {fleet.off_peak.min_capacity}, max {fleet.off_peak.max_capacity}",
         "Long conversations per GPU (30 turns × 100 tokens",
         "is an assumption (not measured)",
+        "prefill 1,567 / 2,507 / 3,260 tokens/s",
+        f"counted                       {capacity.reuse.history_reuse:.1%}",
+        f"session TTL                   {capacity.reuse.session_ttl_s} s",
+        f"XL p99 {capacity.instance.latency_of('XL').time_to_first_token_p99_ms:,.0f} ms",
+        f"{capacity.conversation_load.in_flight} turn",
+        "in flight within the SLOs",
     ):
         assert fragment in out, fragment
+
+
+def test_pools_prints_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pools", "--env", "prod"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| option | pools")
+    assert "| one pool (as configured) | all on ml.g5.xlarge:" in out
+    assert "| one pool on ml.g6e.xlarge | all on ml.g6e.xlarge:" in out
 
 
 def test_plan_as_json_carries_the_gateway_environment(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,21 +55,37 @@ def test_plan_as_json_carries_the_gateway_environment(capsys: pytest.CaptureFixt
         capacity.fleet.target_invocations_per_instance_per_min)
 
 
-def test_estimate_reproduces_the_shipped_profile(capsys: pytest.CaptureFixture[str]) -> None:
-    """The shipped A10G estimate is exactly what ``estimate`` prints for its recorded inputs."""
+@pytest.mark.parametrize("instance", ["ml.g5.xlarge", "ml.g6e.xlarge"])
+def test_estimate_reproduces_the_shipped_profile(instance: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped estimates (A10G, L40S) are exactly what ``estimate`` prints from the table's
+    central rates — and from the same rates given as flags."""
     table = parse_decode_table((REPO_ROOT / "config" / "decode_speed.json").read_text())
-    plan = load_settings("prod").llm.memory_plan()
+    plan = load_settings("prod").llm.memory_plan(instance=instance)
     shipped = table.lookup(plan.gpu_model, plan.model_name, plan.quantization, "auto")
     inputs = shipped.estimated_from
-    assert main(["estimate", "--env", "prod",
-                 "--memory-bandwidth-gb-s", str(inputs["memory_bandwidth_gb_s"]),
-                 "--bandwidth-efficiency", str(inputs["bandwidth_efficiency"]),
-                 "--prefill-tokens-per-s", str(inputs["prefill_tokens_per_s"]),
-                 "--prompt-tokens", str(int(inputs["prompt_tokens"])),
-                 "--output-tokens", str(int(inputs["output_tokens"])),
-                 "--batch-sizes", ",".join(str(p.batch_size) for p in shipped.points)]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == shipped.to_dict()
+    shape = ["--prompt-tokens", str(int(inputs["prompt_tokens"])),
+             "--output-tokens", str(int(inputs["output_tokens"])),
+             "--batch-sizes", ",".join(str(p.batch_size) for p in shipped.points)]
+    assert main(["estimate", "--env", "prod", "--instance", instance, *shape]) == 0
+    assert json.loads(capsys.readouterr().out) == shipped.to_dict()
+    flags = [f"--{name.replace('_', '-')}" for name in (
+        "memory_bandwidth_gb_s", "bandwidth_efficiency", "prefill_tokens_per_s",
+        "decode_compute_tokens_per_s")]
+    given = [item for flag in flags for item in (
+        flag, str(inputs[flag[2:].replace("-", "_")]))]
+    assert main(["estimate", "--env", "prod", "--instance", instance, *given, *shape]) == 0
+    assert json.loads(capsys.readouterr().out) == shipped.to_dict()
+
+
+def test_estimate_takes_the_scenario_from_the_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    table = parse_decode_table((REPO_ROOT / "config" / "decode_speed.json").read_text())
+    rates = table.rates_for("NVIDIA A10G", "llama-3-8b-instruct", "w4a16 int4 g128")
+    assert main(["estimate", "--env", "prod", "--scenario", "pessimistic", "--prompt-tokens",
+                 "900", "--output-tokens", "190", "--batch-sizes", "1"]) == 0
+    used = json.loads(capsys.readouterr().out)["estimated_from"]
+    assert used["prefill_tokens_per_s"] == round(rates.prefill_tokens_per_s("pessimistic"), 1)
+    assert used["bandwidth_efficiency"] == rates.bandwidth_efficiency.low
 
 
 def test_estimate_writes_into_a_copy_of_the_table(tmp_path: Path) -> None:
@@ -78,7 +108,9 @@ def test_estimate_writes_into_a_copy_of_the_table(tmp_path: Path) -> None:
     fp8 = written.lookup("NVIDIA A10G", "llama-3-8b-instruct", "w4a16 int4 g128", "fp8_e5m2")
     assert [p.batch_size for p in fp8.points] == [1, 8, 64]
     assert fp8.estimated_from["prefill_tokens_per_s"] == 3000
-    assert len(written.profiles) == 2  # replaced, not added
+    assert len(written.profiles) == 3  # replaced, not added
+    assert written.rates == parse_decode_table(
+        (REPO_ROOT / "config" / "decode_speed.json").read_text()).rates  # kept
 
 
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,7 +101,8 @@ def test_an_slo_not_even_one_request_meets_is_refused_with_the_numbers(a10g: Mem
                           LatencySlo(1000, 100), admission_watermark=0.9)
     message = str(info.value)
     assert "even one request misses the latency SLOs" in message
-    assert "TTFT p99 1,800 ms at 1,000 prompt tokens (SLO 1000)" in message
+    assert ("TTFT p99 1,800 ms over all requests (SLO 1000; the longest prefill: 1,000 prompt "
+            "tokens, L)") in message
 
 
 def test_inputs_that_do_not_belong_together_are_refused(a10g: MemoryPlan) -> None:

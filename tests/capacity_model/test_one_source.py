@@ -41,8 +41,11 @@ def moved_prod() -> dict[str, Any]:
     llm["capacity"]["admission_watermark"] = 0.8
     llm["capacity"]["request_mix"]["XL"]["share"] = 0.25
     llm["capacity"]["request_mix"]["M"]["share"] = 0.35
+    llm["capacity"]["rates"] = {"scenario": "optimistic"}
+    llm["capacity"]["conversation"]["think_time_s"] = 90
     scaling = llm["scaling"]
     scaling["unplanned_surge"] = {"multiplier": 2.0, "rise_min": 15}
+    scaling["provisioning_delay_s"] = 480
     scaling["traffic"]["hourly_invocations_per_min"] = [
         2 * v for v in scaling["traffic"]["hourly_invocations_per_min"]]
     data["intent"]["capacity"]["per_instance_invocations_per_min"] = 1200
@@ -84,6 +87,8 @@ def test_the_moved_inputs_move_every_derived_number(variants: dict[str, Any]) ->
                   "target_concurrent_requests_per_model", "release_base_invocations_per_min"):
         assert getattr(shipped.fleet, field) != getattr(moved.fleet, field), field
     assert shipped.fleet.off_peak != moved.fleet.off_peak
+    assert shipped.reuse.session_ttl_s != moved.reuse.session_ttl_s
+    assert shipped.reuse.history_reuse != moved.reuse.history_reuse
     assert shipped.fleet.business_hours.min_capacity != moved.fleet.business_hours.min_capacity
 
 
@@ -97,6 +102,7 @@ def test_the_gateway_admits_what_the_model_sized(variants: dict[str, Any], varia
     assert env["GATEWAY_BUCKET_CAPS"] != GATEWAY_DEFAULT_CAPS
     assert env["GATEWAY_ADMISSION_WATERMARK"] == f"{settings.llm.capacity.admission_watermark:g}"
     assert env["GATEWAY_CONTEXT_SPLIT"] == capacity.window.as_env()
+    assert env["GATEWAY_SESSION_TTL_S"] == str(capacity.reuse.session_ttl_s)
 
 
 @pytest.mark.parametrize("variant", ["shipped", "moved"])

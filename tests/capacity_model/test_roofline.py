@@ -2,22 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from capacity_model import RooflineInputs, estimate_point
-from capacity_model.roofline import request_seconds, step_seconds
+from capacity_model.roofline import request_seconds, step_seconds, ttft_seconds
 
 INPUTS = RooflineInputs(weights_bytes=6e9, kv_bytes_per_token=100_000,
                         memory_bandwidth_gb_s=500, bandwidth_efficiency=0.8,
-                        prefill_tokens_per_s=5000, prompt_tokens=1000, output_tokens=200,
+                        prefill_tokens_per_s=5000, decode_compute_tokens_per_s=1e6,
+                        prompt_tokens=1000, cached_prompt_tokens=0, output_tokens=200,
                         ttft_p99_over_p50=2.0, tpot_p99_over_p50=1.1)
 
 
 def test_a_decode_step_reads_the_weights_and_every_sequences_kv() -> None:
     # (6e9 + 4 × (1000 + 100) × 1e5) B ÷ (500 GB/s × 0.8) = 6.44e9 / 4e11 s
     assert step_seconds(INPUTS, 4) == pytest.approx(6.44e9 / 4e11)
+
+
+def test_a_large_batch_hits_the_compute_roof() -> None:
+    """B tokens a step at the compute roof: 64 tokens at 1,000 tokens/s take 64 ms, more than
+    reading 6e9 + 64 × 1,100 × 1e4 B at 400 GB/s (32.6 ms)."""
+    slow = dataclasses.replace(INPUTS, decode_compute_tokens_per_s=1000, kv_bytes_per_token=1e4)
+    assert step_seconds(slow, 64) == pytest.approx(64 / 1000)
+    assert step_seconds(slow, 1) == pytest.approx((6e9 + 1100 * 1e4) / 4e11)
+
+
+def test_cached_prompt_tokens_are_read_but_not_computed() -> None:
+    """A prefix-cache hit shortens the prefill (a = (P − C)/R) but the decode steps still read
+    the whole prompt's KV."""
+    cached = dataclasses.replace(INPUTS, cached_prompt_tokens=800)
+    assert cached.prefill_seconds == pytest.approx(200 / 5000)
+    assert step_seconds(cached, 8) == step_seconds(INPUTS, 8)
+    assert ttft_seconds(cached, 1) == pytest.approx(200 / 5000 + step_seconds(INPUTS, 1))
+    assert request_seconds(cached, 16) < request_seconds(INPUTS, 16)
+    # Another request in the same batch waits the same queue for its own prefill.
+    assert ttft_seconds(cached, 16, 1000) > ttft_seconds(cached, 16)
+    with pytest.raises(ValueError, match="cached_prompt_tokens: 1000 is not accepted"):
+        dataclasses.replace(INPUTS, cached_prompt_tokens=1000)
 
 
 def test_one_request_alone_is_prefill_then_its_decode_steps() -> None:
@@ -54,8 +78,7 @@ def test_batching_slows_each_token_but_raises_throughput_toward_the_prefill_ceil
 ])
 def test_inputs_are_checked(name: str, value: float, message: str) -> None:
     with pytest.raises(ValueError, match=f"roofline input {name}") as info:
-        RooflineInputs(**{**INPUTS.to_dict(), "prompt_tokens": 1000, "output_tokens": 200,
-                          name: value})
+        RooflineInputs(**{**INPUTS.to_dict(), name: value})
     assert message in str(info.value)
 
 

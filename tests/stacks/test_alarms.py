@@ -152,7 +152,7 @@ def test_fallback_rate_is_a_ratio_of_contract_metrics(alarms: dict[str, dict[str
     assert alarm["Threshold"] == 5
 
 
-@pytest.mark.parametrize(("prefix", "registered_max"), [(PREFIX, 20), (INTENT_PREFIX, 8)])
+@pytest.mark.parametrize(("prefix", "registered_max"), [(PREFIX, 30), (INTENT_PREFIX, 8)])
 def test_capacity_pinned_compares_with_the_maximum_in_force(
     alarms: dict[str, dict[str, Any]], prefix: str, registered_max: int
 ) -> None:

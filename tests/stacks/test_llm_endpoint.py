@@ -77,11 +77,13 @@ def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
     assert (split.system, split.rag, split.history, split.output) == (
         window.system, window.rag, window.history, window.output)
     # Each cap is what the KV pool holds of the bucket's largest request under the watermark,
-    # bounded by max_num_seqs and the latency SLO's batch: XL is the pool's 4,096-token share.
+    # bounded by max_num_seqs: XL is the pool's 4,096-token share. (The latency SLO is the
+    # admission forecast's, GATEWAY_TTFT_SLO_S, not a cap.)
     plan = capacity.memory_plan
     admissible = int(llm.capacity.admission_watermark * plan.kv_pool_blocks)
     assert caps["XL"] == min(admissible // (plan.max_model_len // plan.block_size),
-                             plan.max_num_seqs, capacity.instance.slo_limit)
+                             plan.max_num_seqs)
+    assert loaded.ttft_slo_s * 1000 == capacity.slo.time_to_first_token_p99_ms
     assert caps != {"S": 128, "M": 64, "L": 32, "XL": 8}
     assert caps["XL"] > 8, "a long conversation is no longer capped below what the pool holds"
 

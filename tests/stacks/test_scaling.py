@@ -166,7 +166,7 @@ def test_daily_floors_in_tokyo_time_with_minutes(prod: dict[str, Any]) -> None:
                                                 "MaxCapacity": fleet.off_peak.max_capacity}
     assert business["Schedule"] == "cron(0 8 * * ? *)"
     assert business["ScalableTargetAction"] == {
-        "MinCapacity": fleet.business_hours.min_capacity, "MaxCapacity": 20}
+        "MinCapacity": fleet.business_hours.min_capacity, "MaxCapacity": fleet.max_capacity}
     for action in actions.values():
         assert action["Timezone"] == "Asia/Tokyo"
         minute = action["Schedule"].removeprefix("cron(").split()[0]
@@ -188,10 +188,11 @@ def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
     fleet = load_settings("prod").llm.fleet_plan()
     jump = actions["calendar-weekly-shonen-jump-prescale"]
     assert jump["Schedule"] == "cron(0 16 ? * MON *)"  # 18:00 release − 2 h lead
-    # ceil(busiest hour × 2.0 ÷ sustainable × (1 + headroom)); max stays at the target's 20.
+    # ceil(busiest hour × 2.0 ÷ sustainable × (1 + headroom)); max stays at the target's own.
     needed = math.ceil(fleet.release_base_invocations_per_min * 2.0
                        / fleet.per_instance_invocations_per_min * (1 + fleet.headroom))
-    assert jump["ScalableTargetAction"] == {"MinCapacity": needed, "MaxCapacity": 20}
+    assert jump["ScalableTargetAction"] == {"MinCapacity": needed,
+                                            "MaxCapacity": fleet.max_capacity}
     friday = actions["calendar-weekly-friday-release-window-prescale"]
     assert friday["Schedule"] == "cron(0 16 ? * FRI *)"
     assert actions["calendar-weekly-friday-release-window-restore"]["Schedule"] == (

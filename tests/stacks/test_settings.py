@@ -253,9 +253,9 @@ def test_a_mix_request_outside_its_bucket_is_refused() -> None:
 
 
 def test_a_gpu_without_a_decode_profile_is_refused_with_the_fix() -> None:
-    data = set_path(base(), "llm.instance_type", "ml.g6e.xlarge")
+    data = set_path(base(), "llm.instance_type", "ml.g6.xlarge")
     message = error_for(data)
-    assert "no decode profile for NVIDIA L40S / llama-3-8b-instruct" in message
+    assert "no decode profile for NVIDIA L4 / llama-3-8b-instruct" in message
     assert "scripts/gpu-smoke.sh" in message
 
 

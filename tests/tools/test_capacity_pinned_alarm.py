@@ -7,8 +7,8 @@ would read from DescribeScalableTargets (EMF, read back as CloudWatch Logs would
 Invocations and InvocationsPerInstance come from the same minutes. The alarm is then replayed
 from the template (tools/scaling_sim/alarm.py) and must be in ALARM exactly when the variant has
 sat at the maximum *in force* for ``pinned_at_max_minutes`` minutes: the capacity model's night
-ceiling in production (9), 20 while a dated release's pre-scale is in force (even at night), 2
-in dev.
+ceiling in production, the registered maximum (``llm.scaling.max_capacity``) while a dated
+release's pre-scale is in force (even at night), 2 in dev.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ RELEASE_DAY_EVENT = """
     targets: [llm, intent]
 """
 """A dated event inside the night: its pre-scale (01:30) raises the floor and sets the maximum
-back to the target's own 20 until its restore (05:00) returns the off-peak range."""
+back to the target's own maximum until its restore (05:00) returns the off-peak range."""
 
 
 def release_day_load(night_max: int) -> tuple[dt.datetime, list[float]]:
@@ -225,17 +225,23 @@ def night_ceiling() -> int:
     return load_settings("prod").llm.fleet_plan().off_peak.max_capacity
 
 
-def test_a_night_surge_at_the_night_ceiling_pages_although_the_registered_max_is_20(
+def registered_max() -> int:
+    """Production's scalable-target maximum (``llm.scaling.max_capacity``)."""
+    return load_settings("prod").llm.scaling.max_capacity
+
+
+def test_a_night_surge_at_the_night_ceiling_pages_although_the_registered_max_is_higher(
     synthesized: Any, release_calendar: Path
 ) -> None:
     ceiling = night_ceiling()
-    assert ceiling < 20
+    assert ceiling < registered_max()
     run = replay(synthesized, "Prod", "llm", "night", release_calendar)
     first = run.states.index("ALARM")
     sample = run.samples[first]
     assert (sample.max_capacity, round(sample.in_service)) == (ceiling, ceiling)
     assert sample.start.astimezone(JST).hour in range(1, 8)  # off-peak: 01:00-08:00 JST
-    assert max(s.in_service for s in run.samples) < 20, "never near the registered maximum"
+    assert max(s.in_service for s in run.samples) < registered_max(), (
+        "never near the registered maximum")
 
 
 def test_a_night_release_runs_above_the_night_maximum_without_paging(
@@ -246,9 +252,10 @@ def test_a_night_release_runs_above_the_night_maximum_without_paging(
     window = [(s, state) for s, state in zip(run.samples, run.states, strict=True)
               if dt.time(1, 45) <= s.start.astimezone(JST).time() < dt.time(5, 0)]
     # The calendar Lambda's dated pre-scale is in force at night: a floor above the off-peak
-    # ceiling and the target's own maximum, 20. A "ceiling between 01:00 and 08:00" rule
+    # ceiling and the target's own maximum. A "ceiling between 01:00 and 08:00" rule
     # (metric math on the time of day) would page all through the release.
-    assert all(s.min_capacity > ceiling and s.max_capacity == 20 for s, _ in window)
+    assert all(s.min_capacity > ceiling and s.max_capacity == registered_max()
+               for s, _ in window)
     assert min(s.in_service for s, _ in window) > ceiling
     assert all(state == "OK" for _, state in window)
     # The restore at 05:00 puts the off-peak range back while readers are still there: pinned
@@ -272,7 +279,8 @@ def test_without_the_published_maximum_it_falls_back_to_the_registered_one_and_w
 ) -> None:
     silent = replay(synthesized, "Prod", "llm", "night", release_calendar,
                     skip_published=lambda m: True)
-    # Degraded, never false: compared with the registered 20, the pin at night does not page ...
+    # Degraded, never false: compared with the registered maximum, the pin at night does not
+    # page ...
     assert "ALARM" not in silent.states
     # ... and capacity-limits-missing says why: no MaxCapacityInForce at all is
     # INSUFFICIENT_DATA ("missing" data handling), which notifies the topic.

@@ -22,6 +22,7 @@ from tools.scaling_sim.template import ScalingSetup, TargetTrackingPolicy
 from tools.scaling_sim.traces import Trace, week_trace
 
 HOURS_PER_MONTH = 730
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JST = dt.timezone(dt.timedelta(hours=9))
 
 
@@ -86,7 +87,8 @@ def test_make_cost_on_the_synthesized_prod(synthesized, tmp_path: Path,  # type:
                  "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### Monthly cost, prod (ap-northeast-1, catalog prices, approximate)")
-    costs = {c["endpoint"]: c for c in json.loads(figures.read_text())}
+    document = json.loads(figures.read_text())
+    costs = {c["endpoint"]: c for c in document["endpoints"]}
     assert set(costs) == {"llm", "intent"}
     llm = costs["llm"]
     assert llm["instance_type"] == "ml.g5.xlarge"
@@ -107,6 +109,34 @@ def test_make_cost_on_the_synthesized_prod(synthesized, tmp_path: Path,  # type:
         assert f"| {endpoint} | {cost['instance_type']} @ " in out
         assert f"**${cost['monthly_usd']:,.0f}**" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The range: the LLM at both ends of the GPU rates and with the prefill rate ±40 %, each
+    # synthesized and simulated; the central point is the table's LLM row.
+    points = {p["variant"]: p for p in document["range"]}
+    central = points["central rates (as synthesized)"]
+    assert central["monthly_usd"] == llm["monthly_usd"]
+    assert central["per_instance_invocations_per_min"] == fleet.per_instance_invocations_per_min
+    low, high = points["optimistic rates"], points["pessimistic rates"]
+    assert low["monthly_usd"] < central["monthly_usd"] < high["monthly_usd"]
+    assert low["per_instance_invocations_per_min"] > central["per_instance_invocations_per_min"]
+    faster, slower = points["central, prefill +40%"], points["central, prefill −40%"]
+    assert faster["prefill_tokens_per_s"] == pytest.approx(1.4 * central["prefill_tokens_per_s"],
+                                                           abs=0.2)
+    assert faster["monthly_usd"] < central["monthly_usd"] < slower["monthly_usd"]
+    assert "### The LLM's price across the GPU rates' range (prod)" in out
+    for point in points.values():
+        assert f"**${point['monthly_usd']:,.0f}**" in out
+    assert (tmp_path / "cost-prod-range.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # docs/capacity.md quotes the range table as printed, the README its prices.
+    capacity_doc = (REPO_ROOT / "docs" / "capacity.md").read_text(encoding="utf-8").splitlines()
+    range_rows = [line for line in out.split("### The LLM's price across")[1].splitlines()
+                  if line.startswith("| ") and "sized at" not in line]
+    assert len(range_rows) == 5
+    assert [row for row in range_rows if row not in capacity_doc] == []
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    for figure in (llm["monthly_usd"], costs["intent"]["monthly_usd"],
+                   llm["monthly_usd"] + costs["intent"]["monthly_usd"],
+                   *(p["monthly_usd"] for p in points.values())):
+        assert f"**${figure:,.0f}**" in readme, figure
 
 
 def test_a_missing_assembly_is_one_line(tmp_path: Path,

@@ -99,7 +99,7 @@ def publish_all(tmp_path: Path, session: Any) -> None:
 def run(session: Any, assembly: Path, quotas: dict[str, float] | None = None
         ) -> tuple[int, list[str]]:
     stubbed = StubbedQuotas(session, quotas if quotas is not None else dict.fromkeys(
-        QUOTA_CODES, 50.0))
+        QUOTA_CODES, 100.0))
     out = io.StringIO()
     code = preflight(["--env", "dev", "--assembly", str(assembly)], session=stubbed, out=out)
     stubbed.stubber.assert_no_pending_responses()
@@ -144,10 +144,10 @@ def test_an_empty_account_gets_one_line_per_fix(synthesized: Any) -> None:
         "needed (dev: make quantize; prod: make quantize): aws service-quotas "
         "request-service-quota-increase --service-code sagemaker --quota-code L-TRAINING-G54XL "
         "--desired-value 2 --region ap-northeast-1",
-        "SageMaker quota 'ml.g5.xlarge for endpoint usage' is 0 in ap-northeast-1, 44 needed "
-        "(dev llm: max_capacity 2 + a blue/green green fleet of 2; prod llm: max_capacity 20 + "
-        "a blue/green green fleet of 20): aws service-quotas request-service-quota-increase "
-        "--service-code sagemaker --quota-code L-1928E07B --desired-value 44 "
+        "SageMaker quota 'ml.g5.xlarge for endpoint usage' is 0 in ap-northeast-1, 64 needed "
+        "(dev llm: max_capacity 2 + a blue/green green fleet of 2; prod llm: max_capacity 30 + "
+        "a blue/green green fleet of 30): aws service-quotas request-service-quota-increase "
+        "--service-code sagemaker --quota-code L-1928E07B --desired-value 64 "
         "--region ap-northeast-1",
         "SageMaker quota 'ml.inf1.xlarge for endpoint usage' is 2 in ap-northeast-1, 20 needed "
         "(dev intent: max_capacity 2 + a blue/green green fleet of 2; prod intent: max_capacity "
@@ -254,7 +254,7 @@ def test_the_required_version_is_read_from_the_templates(synthesized: Any) -> No
 
 def test_quota_needs_of_production() -> None:
     needs = {need.quota_name: need.instances for need in quota_needs(load_settings("prod"))}
-    assert needs == {"ml.g5.xlarge for endpoint usage": 40,     # max 20, twice
+    assert needs == {"ml.g5.xlarge for endpoint usage": 60,     # max 30, twice
                      "ml.inf1.xlarge for endpoint usage": 16,   # max 8, twice
                      "ml.g5.4xlarge for training job usage": 1}
 
@@ -262,12 +262,12 @@ def test_quota_needs_of_production() -> None:
 def test_environments_sharing_an_account_and_region_add_up() -> None:
     prod, dev = load_settings("prod"), load_settings("dev")
     shared = {n.quota_name: n.instances for n in quota_needs(prod, [prod, dev])}
-    assert shared == {"ml.g5.xlarge for endpoint usage": 40 + 4,
+    assert shared == {"ml.g5.xlarge for endpoint usage": 60 + 4,
                       "ml.inf1.xlarge for endpoint usage": 16 + 4,
                       "ml.g5.4xlarge for training job usage": 2}
     elsewhere = dev.model_copy(update={"account": "210987654321"})
     assert {n.quota_name: n.instances for n in quota_needs(prod, [elsewhere])} == {
-        "ml.g5.xlarge for endpoint usage": 40, "ml.inf1.xlarge for endpoint usage": 16,
+        "ml.g5.xlarge for endpoint usage": 60, "ml.inf1.xlarge for endpoint usage": 16,
         "ml.g5.4xlarge for training job usage": 1}
     other_region = dev.model_copy(update={"region": "us-east-1"})
     assert quota_needs(prod, [other_region]) == quota_needs(prod)

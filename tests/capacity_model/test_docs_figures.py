@@ -1,0 +1,53 @@
+"""The capacity figures docs/capacity.md and the README quote are the model's own output: every
+quoted line of ``python -m capacity_model plan --env prod`` is in what it prints now, and the pool
+table is what ``pools`` prints. (The priced figures are checked in tests/tools/test_cost_report.py
+against a fresh ``make cost`` run.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from capacity_model.pools import evaluate_pools, seed_002_options
+from capacity_model.report import format_capacity, format_pools
+from stacks.settings import REPO_ROOT, load_settings
+
+CAPACITY_DOC = REPO_ROOT / "docs" / "capacity.md"
+README = REPO_ROOT / "README.md"
+
+
+def quoted_plan_lines(path: object) -> list[str]:
+    """Lines of the ```text blocks that quote the plan (docs/capacity.md: all of them; README:
+    the one under "$ python -m capacity_model plan")."""
+    text = path.read_text(encoding="utf-8")  # type: ignore[attr-defined]
+    blocks = re.findall(r"```text\n(.*?)\n```", text, re.DOTALL)
+    if path == README:
+        blocks = [b for b in blocks if b.startswith("$ python -m capacity_model plan")]
+    return [line for block in blocks for line in block.splitlines()
+            if line.strip() and not line.startswith("$ ")]
+
+
+@pytest.fixture(scope="module")
+def printed() -> str:
+    return format_capacity(load_settings("prod").llm.capacity_plan())
+
+
+@pytest.mark.parametrize("path", [CAPACITY_DOC, README], ids=["capacity.md", "README"])
+def test_every_quoted_plan_line_is_printed_now(path: object, printed: str) -> None:
+    lines = quoted_plan_lines(path)
+    assert len(lines) > 10, "not vacuous"
+    stale = [line for line in lines if line not in printed.splitlines()]
+    assert stale == [], f"quoted plan lines the model no longer prints: {stale}"
+
+
+def test_the_pool_table_is_what_pools_prints() -> None:
+    settings = load_settings("prod").llm
+    table = format_pools(evaluate_pools(settings.capacity_plan(), settings.memory_plan,
+                                        settings.decode_speed_table(),
+                                        seed_002_options(settings.instance_type,
+                                                         "ml.g6e.xlarge")))
+    document = CAPACITY_DOC.read_text(encoding="utf-8").splitlines()
+    rows = table.splitlines()
+    assert len(rows) == 6
+    assert all(row in document for row in rows), [r for r in rows if r not in document]
