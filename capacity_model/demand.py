@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from context_window import StepPolicy, kept_history_start
 from request_buckets import BUCKET_NAMES, BucketBounds, RequestBucket
 
 SHARE_TOLERANCE = 1e-6
@@ -260,9 +261,10 @@ def size_conversation(conversation: Conversation, window: ContextWindow,
     """The request the gateway builds for the conversation's latest turn.
 
     Mirrors ``plan_context``: system up to its share, the current message, the whole retrieved
-    chunks that fit its share, then the newest whole turns that fit the history share (and what
-    is left of the window after ``max_tokens``). DemandError when the system prompt and the current
-    message alone do not fit — the gateway answers that with a 400.
+    chunks that fit its share, then the history the stepped window keeps — on the chat's largest
+    request, the turn before a step, where history and question reach the high-water mark (the
+    history share, within what is left of the window after ``max_tokens``). DemandError when the
+    system prompt and the current message alone do not fit — the gateway answers that with a 400.
     """
     max_model_len = bounds.max_model_len
     max_tokens = window.default_max_tokens(max_model_len)
@@ -282,9 +284,18 @@ def size_conversation(conversation: Conversation, window: ContextWindow,
     chunk = conversation.rag_chunk_tokens
     rag = min(conversation.rag_chunks, rag_room // chunk if chunk else 0) * chunk
     remaining -= rag
-    history_room = min(math.floor(window.history * max_model_len), remaining)
+    # The stepped window (context_window.kept_history_start, as plan_context applies it): history
+    # and question up to the high-water mark, the request before each step the largest.
+    rag_share = math.floor(window.rag * max_model_len)
+    policy = StepPolicy(max(0, min(math.floor(window.history * max_model_len),
+                                   prompt_budget - system - rag_share)), window.step_turns)
     earlier_turns = conversation.turns - 1
-    kept = min(earlier_turns, history_room // conversation.tokens_per_turn)
+    kept = 0
+    for count in {*range(0, earlier_turns, 2), earlier_turns}:  # each request of the chat
+        history = [conversation.tokens_per_turn] * count
+        first = kept_history_start(history, current, policy, room_tokens=remaining,
+                                   marker_tokens=0)
+        kept = max(kept, count - first)
     prompt = system + current + rag + kept * conversation.tokens_per_turn
     return ConversationRequest(prompt_tokens=prompt, max_tokens=max_tokens, turns_kept=kept + 1,
                                turns_dropped=earlier_turns - kept,

@@ -17,8 +17,8 @@ conversation's turn prefills depends on how its prompt relates to the previous t
 
 :func:`replay` walks a conversation turn by turn through the gateway's context budget — the
 same arithmetic as ``containers/llm/gateway/context_budget.py`` (``plan_context``), with the
-window's start taken from :func:`context_window.history_starts` itself, so the policy has one
-source — and lays each prompt out as the chat template renders it (fixed opening, system,
+kept history taken from :func:`context_window.kept_history_start` itself, so the policy has
+one source — and lays each prompt out as the chat template renders it (fixed opening, system,
 marker, kept history, retrieved context, the new message, the generation header). It returns,
 per turn, the prompt, the tokens a single engine that saw every earlier turn has cached, and
 what the system prompt alone gives on an instance that never saw the conversation. The capacity
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capacity_model.demand import ContextWindow, DemandError
-from context_window import StepPolicy, history_starts
+from context_window import StepPolicy, kept_history_start
 
 Segment = tuple[str, int]
 """One piece of a prompt as the cache sees it: (identity, tokens). Equal identities at the same
@@ -164,25 +164,6 @@ def cached_prefix(prompt: Sequence[Segment], computed: Sequence[Segment], comput
     return max(0, usable) // block_size * block_size
 
 
-def _kept_history(history: Sequence[int], starts: Sequence[int], share: int, remaining: int,
-                  marker_reserve: int) -> int:
-    """Index of the oldest kept history message (``plan_context``'s rule): everything when it
-    fits, else the newest messages from the window's start that fit beside the marker."""
-    room = min(share, remaining)
-    if sum(history) <= room:
-        return 0
-    start = starts[-1] if starts else 0
-    limit = min(room, max(0, remaining - marker_reserve))
-    used = 0
-    first = len(history)
-    for index in range(len(history) - 1, start - 1, -1):
-        if used + history[index] > limit:
-            break
-        used += history[index]
-        first = index
-    return first
-
-
 def _prompt(turns: Sequence[ChatTurn], index: int, layout: PromptLayout,
             geometry: Geometry) -> tuple[list[Segment], int, int, int]:
     """Turn ``index``'s prompt as segments, with its history tokens, RAG tokens and dropped
@@ -197,14 +178,15 @@ def _prompt(turns: Sequence[ChatTurn], index: int, layout: PromptLayout,
                           f"{layout.system_tokens + current.user_tokens:,} tokens, the window "
                           f"leaves {prompt_budget:,}")
     marker_reserve = layout.marker(len(history)) if history else 0
-    rag_room = min(math.floor(geometry.window.rag * geometry.max_model_len),
-                   remaining - marker_reserve)
+    rag_share = math.floor(geometry.window.rag * geometry.max_model_len)
+    rag_room = min(rag_share, remaining - marker_reserve)
     rag = current.rag_tokens if 0 < current.rag_tokens <= rag_room else 0
     remaining -= rag
-    policy = StepPolicy(geometry.history_share_tokens, geometry.window.step_turns)
-    starts = list(history_starts(history, policy))
-    first = _kept_history(history, starts, geometry.history_share_tokens, remaining,
-                          marker_reserve)
+    high_water = min(geometry.history_share_tokens,
+                     prompt_budget - layout.system_tokens - rag_share - marker_reserve)
+    first = kept_history_start(history, current.user_tokens,
+                               StepPolicy(max(0, high_water), geometry.window.step_turns),
+                               room_tokens=remaining, marker_tokens=marker_reserve)
     segments: list[Segment] = [("opening", layout.opening_tokens),
                                ("system", layout.system_tokens)]
     if first:

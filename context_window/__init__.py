@@ -98,3 +98,35 @@ def step_points(history_tokens: Sequence[int], policy: StepPolicy) -> list[int]:
             steps.append(end)
             previous = start
     return steps
+
+
+def kept_history_start(history_tokens: Sequence[int], current_tokens: int, policy: StepPolicy,
+                       *, room_tokens: int, marker_tokens: int) -> int:
+    """Index (into ``history_tokens``) of the oldest history message a request keeps: 0 when
+    nothing is dropped, ``len(history_tokens)`` when all is.
+
+    The window's start is :func:`stable_history_start` over the history *followed by the
+    request's current message* (``current_tokens``), so ``policy.high_water_tokens`` bounds
+    history and question together and a longer question steps the window rather than trimming
+    one more message from its start on this turn only. The history is append-only and the
+    current message becomes history on the next turn, so the start still moves only at steps.
+
+    ``room_tokens`` is what this request leaves for history (after its instructions, question
+    and retrieved context) and ``marker_tokens`` what the truncation marker costs: when the
+    window's start keeps more than that room beside the marker (a question or retrieval larger
+    than the high-water mark allowed for), the newest messages that fit are kept instead.
+    """
+    start = min(stable_history_start([*history_tokens, current_tokens], policy),
+                len(history_tokens))
+    if start == 0 and sum(history_tokens) <= room_tokens:
+        return 0
+    limit = max(0, room_tokens - marker_tokens)
+    first = len(history_tokens)
+    used = 0
+    for index in range(len(history_tokens) - 1, start - 1, -1):
+        if used + history_tokens[index] > limit:
+            break
+        used += history_tokens[index]
+        first = index
+    return first
+

@@ -102,10 +102,11 @@ def test_a_conversation_is_sized_as_the_gateways_context_budget_sizes_it(
 
 def test_seed_001s_thirty_turn_chat_fills_the_window_and_is_xl() -> None:
     sized = size_conversation(Conversation(30, 100, 512, 1024), SEED_WINDOW, BOUNDS)
-    # 512 system + 100 current + 1,024 retrieved + 19 earlier turns (1,948 left of the
-    # 2,048 history share) = 3,536 prompt tokens, + 512 max_tokens = 4,048: XL.
-    assert (sized.prompt_tokens, sized.max_tokens, sized.reserved_tokens) == (3536, 512, 4048)
-    assert (sized.turns_kept, sized.turns_dropped, sized.bucket) == (20, 10, XL)
+    # 512 system + 100 current + 1,024 retrieved + 18 earlier turns (history and question
+    # reach the 2,048-token high-water mark on the request before a step; requests come every
+    # two messages) = 3,436 prompt tokens, + 512 max_tokens = 3,948: XL.
+    assert (sized.prompt_tokens, sized.max_tokens, sized.reserved_tokens) == (3436, 512, 3948)
+    assert (sized.turns_kept, sized.turns_dropped, sized.bucket) == (19, 11, XL)
 
 
 def test_a_system_prompt_over_its_share_is_refused_as_the_gateway_refuses_it() -> None:

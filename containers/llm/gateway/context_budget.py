@@ -19,13 +19,14 @@ and, inside it, by priority:
    the user know. Its tokens are reserved before RAG.
 3. **RAG context** — chunks in rank order while they fit the *rag* share and what is left after
    1-2; a chunk that does not fit ends the list (it can never starve the question).
-4. **History** — the newest turns that fit the *history* share and what is left; everything older
-   is dropped. A "turn" here is one user or assistant message. The window moves in steps
-   (:mod:`context_window`): once the history outgrows its share, enough of the oldest messages go
-   at once that ``step_turns`` more turns fit before the next step, so between steps each
-   request's prompt extends the previous one's and the engine's prefix cache serves all of it but
-   the new messages (docs/design-decisions.md#prefix-stable-window). Only when this request's
-   retrieved context or question leaves less room than that does it keep fewer, newest first.
+4. **History** — the newest turns that fit, with the question, the *history* share (and the
+   prompt budget beside the instructions, a full RAG share and the marker); everything older is
+   dropped. A "turn" here is one user or assistant message. The window moves in steps
+   (:mod:`context_window`): once history and question outgrow that mark, enough of the oldest
+   messages go at once that ``step_turns`` more turns fit before the next step, so between steps
+   each request's prompt extends the previous one's and the engine's prefix cache serves all of
+   it but the new messages (docs/design-decisions.md#prefix-stable-window). Only when this
+   request's question is larger than the mark allows for does it keep fewer, newest first.
 
 While the circuit breaker is not closed, the RAG and history shares are multiplied by a factor
 below 1 (a smaller context after an OOM). Pure module: token counts come in as numbers and the
@@ -39,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from context_window import StepPolicy, stable_history_start
+from context_window import StepPolicy, kept_history_start
 from gateway.settings import ContextSplit
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -180,19 +181,6 @@ def _fit_rag(chunk_tokens: Sequence[int], overhead_tokens: int, room: int) -> tu
     return kept, used
 
 
-def _newest_that_fit(history: Sequence[BudgetMessage], room: int) -> list[BudgetMessage]:
-    """The newest history messages whose tokens add up to at most ``room``, oldest first."""
-    kept: list[BudgetMessage] = []
-    used = 0
-    for message in reversed(history):
-        if used + message.tokens > room:
-            break
-        used += message.tokens
-        kept.append(message)
-    kept.reverse()
-    return kept
-
-
 def plan_context(
     messages: Sequence[BudgetMessage],
     *,
@@ -233,20 +221,23 @@ def plan_context(
     # Retrieved context first (within its share), keeping room for a marker should history
     # have to be cut; then the newest history that fits its share of what is left.
     marker_reserve = marker_tokens(len(history)) if history else 0
-    rag_room = min(math.floor(split.rag * max_model_len * context_factor),
-                   remaining - marker_reserve)
+    rag_share = math.floor(split.rag * max_model_len * context_factor)
+    rag_room = min(rag_share, remaining - marker_reserve)
     rag_kept, rag_used = _fit_rag(rag_chunk_tokens, rag_overhead_tokens, rag_room)
     remaining -= rag_used
 
+    # The window's high-water mark is what every turn of this conversation has for history and
+    # question: the history share, within the prompt budget beside the instructions, a full
+    # RAG share and the marker. Not what this turn's retrieval happened to leave, which changes
+    # from turn to turn and would move the window's start on every turn.
     history_share = math.floor(split.history * max_model_len * context_factor)
+    high_water = min(history_share,
+                     prompt_budget - instruction_tokens - rag_share - marker_reserve)
+    first = kept_history_start([m.tokens for m in history], current.tokens,
+                               StepPolicy(max(0, high_water), step_turns),
+                               room_tokens=remaining, marker_tokens=marker_reserve)
+    kept_history = history[first:]
     history_room = min(history_share, remaining)
-    if sum(m.tokens for m in history) <= history_room:
-        kept_history = list(history)
-    else:
-        start = stable_history_start([m.tokens for m in history],
-                                     StepPolicy(history_share, step_turns))
-        kept_history = _newest_that_fit(
-            history[start:], min(history_room, max(0, remaining - marker_reserve)))
     kept_set = {m.position for m in kept_history}
     dropped = tuple(m.position for m in history if m.position not in kept_set)
     kept = sorted([*(m.position for m in instructions), *kept_set, current.position])

@@ -217,6 +217,15 @@ class DispatchRules:
     bucket_caps: Mapping[Any, int]
 
 
+def _prefilled(first_token_s: Callable[[float], float], now: float, prefilled_at: float,
+               prompt_tokens: int) -> float:
+    """When a request dispatched at ``now`` has its first token: ``first_token_s`` of its own
+    prompt after dispatch, or its prompt's share of that time after the prefills ahead of it
+    (done at ``prefilled_at``), whichever is later."""
+    own = first_token_s(prompt_tokens)
+    return max(now + own, prefilled_at + own - first_token_s(0))
+
+
 def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], new: Queued, *,
                      rules: DispatchRules, step_s: Callable[[float], float],
                      first_token_s: Callable[[float], float]) -> float:
@@ -225,8 +234,10 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
     Replays first-come-first-served dispatch (a request blocked only by its bucket's cap lets
     the ones behind it pass, as the controller does) while the running requests emit a token
     every ``step_s(running)`` seconds (a pace measured with the engine's prefills in it); a
-    dispatched request's first token comes ``first_token_s(tokens)`` after its dispatch, where
-    ``tokens`` are its prompt's and those still being prefilled ahead of it.
+    dispatched request's first token comes ``first_token_s(tokens)`` after its dispatch for its
+    own prompt tokens, or, when prefills dispatched before it are still running, its own
+    prompt's share of that time after the last of them: the engine prefills one after another,
+    so a request dispatched later never has its first token sooner.
     ``NEVER`` when ``new`` cannot fit even an empty pool.
     """
     if new.tokens > rules.limit_tokens:
@@ -234,16 +245,14 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
     heap: list[tuple[float, int, int, Hashable]] = []
     used = 0
     running_in: dict[Hashable, int] = {}
-    prefilling: list[tuple[float, int]] = []  # (first token at, its prompt tokens)
+    prefilled_at = 0.0  # when the prefills dispatched so far are done (their last first token)
     now = decoded = 0.0
     for order, flight in enumerate(in_flight):
         heapq.heappush(heap, (flight.remaining_output, order, flight.tokens, flight.bucket))
         used += flight.tokens
         running_in[flight.bucket] = running_in.get(flight.bucket, 0) + 1
         if flight.prefill_tokens:
-            ahead = sum(tokens for _, tokens in prefilling)
-            prefilling.append((first_token_s(ahead + flight.prefill_tokens),
-                               flight.prefill_tokens))
+            prefilled_at = _prefilled(first_token_s, now, prefilled_at, flight.prefill_tokens)
     waiting = [*queued, new]
     order = len(heap)
     while True:
@@ -256,11 +265,10 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
                 index += 1  # waits for its bucket; those behind it may go
                 continue
             del waiting[index]
-            ahead = sum(tokens for at, tokens in prefilling if at > now)
-            first_at = now + first_token_s(ahead + item.prompt_tokens)
+            first_at = _prefilled(first_token_s, now, prefilled_at, item.prompt_tokens)
             if item is new:
                 return first_at
-            prefilling.append((first_at, item.prompt_tokens))
+            prefilled_at = first_at
             used += item.tokens
             running_in[item.bucket] = running_in.get(item.bucket, 0) + 1
             order += 1

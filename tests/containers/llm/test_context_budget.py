@@ -71,10 +71,12 @@ def test_long_history_keeps_the_newest_as_the_step_policy_says() -> None:
 
 
 def test_between_steps_each_turn_keeps_the_previous_turns_history() -> None:
-    """Turn t+1 (two messages longer) keeps exactly what turn t kept plus its two new messages,
-    except on the turns where the window steps; steps are 6 turns apart for equal turns."""
-    history = [100] * 60
-    plans = [plan(conversation(history[:length])) for length in range(0, 61, 2)]
+    """Turn t+1 (two messages longer: the answer and the next question, which was turn t's
+    current message) keeps exactly what turn t kept plus its two new messages, except on the
+    turns where the window steps; steps are 6 turns apart for equal turns."""
+    messages = [100] * 60
+    plans = [plan(conversation(messages[:length], current=messages[length]))
+             for length in range(0, 60, 2)]
     steps = 0
     for before, after in itertools.pairwise(plans):
         kept_before = [i for i in before.kept_indices if i not in (0, before.kept_indices[-1])]
@@ -84,8 +86,25 @@ def test_between_steps_each_turn_keeps_the_previous_turns_history() -> None:
         else:
             steps += 1
             assert len(after.dropped_indices) > len(before.dropped_indices)
-    assert steps == len(step_points(history, StepPolicy(2048, 6)))
+    # The window walks history and question together (the high-water mark bounds both): a
+    # request whose walk ends at message 2k + 1 steps when a step point is 2k or 2k + 1.
+    points = step_points(messages[:59], StepPolicy(2048, 6))
+    assert steps == len({point // 2 for point in points}) == len(points)
     assert 1 <= steps <= 60 // 2 // 6
+
+
+def test_a_full_system_prompt_and_retrieval_do_not_move_the_window_every_turn() -> None:
+    """With the system prompt at its share and a full RAG share, the history share does not fit
+    beside them; the high-water mark is what does, so the window still moves only in steps."""
+    messages = [100] * 60
+    plans = [plan(conversation(messages[:length], system=512, current=messages[length]),
+                  rag_chunk_tokens=[256] * 4)
+             for length in range(0, 60, 2)]
+    starts = [min((i for i in p.kept_indices if i > 0), default=0) for p in plans]
+    moves = [turn for turn, (a, b) in enumerate(itertools.pairwise(starts)) if a != b]
+    assert len(moves) >= 2
+    assert all(later - earlier >= 6 for earlier, later in itertools.pairwise(moves))
+    assert all(p.estimated_prompt_tokens <= 4096 - 512 for p in plans)
 
 
 def test_system_and_pinned_messages_survive_truncation() -> None:
