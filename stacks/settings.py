@@ -85,6 +85,7 @@ CT.CLOUDWATCH.PR.2 "Require an Amazon CloudWatch log group to be retained for at
 and a year of these small log groups costs cents (docs/design-decisions.md#log-retention)."""
 
 LogRetentionDays = Literal[365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653]
+S3Prefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*[^/]$")]
 
 
 class _Strict(BaseModel):
@@ -115,6 +116,13 @@ class ArtifactBucketSettings(_Strict):
     )
     access_log_retention_days: int = Field(
         365, ge=1, le=3650, description="Days server access logs are kept."
+    )
+    models_prefix: S3Prefix = Field(
+        "models",
+        description="Prefix under which every served model lives: llm.model.artifact_prefix and "
+        "intent.artifact_key must be inside it, quantization's base models, candidates and "
+        "reports outside. The deploy role reads and publishes under it only, so a promotion to a "
+        "new llm.model.artifact_prefix needs no new role policy (tools/deploy_role.py).",
     )
 
 
@@ -382,7 +390,6 @@ AdapterName = Annotated[str, StringConstraints(pattern=ADAPTER_NAME_PATTERN.patt
 FolderName = Annotated[str, StringConstraints(pattern=DIRECTORY_PATTERN.pattern)]
 LocaleTag = Annotated[str, StringConstraints(pattern=LOCALE_PATTERN.pattern)]
 RepoRelativePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$")]
-S3Prefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9!_.*'()/-]*[^/]$")]
 
 
 def _engine_table_choice(name: str, value: int) -> int:
@@ -1188,6 +1195,26 @@ class EnvironmentSettings(_Strict):
                 if _overlaps(prefixes[first], prefixes[second]):
                     raise ValueError(f"{second}: {prefixes[second]!r} overlaps {first} "
                                      f"{prefixes[first]!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _served_models_under_their_prefix(self) -> EnvironmentSettings:
+        root = self.artifacts.models_prefix
+        served = {"llm.model.artifact_prefix": self.llm.model.artifact_prefix,
+                  "intent.artifact_key": self.intent.artifact_key}
+        for label, key in served.items():
+            if not key.startswith(f"{root}/"):
+                raise ValueError(
+                    f"{label}: {key!r} is not under artifacts.models_prefix {root!r}, the only "
+                    f"prefix the deploy role reads and publishes; accepted: {root}/<name>")
+        quant = self.quantization
+        for label, prefix in {"quantization.base_model_root": quant.base_model_root,
+                              "quantization.candidates_prefix": quant.candidates_prefix,
+                              "quantization.reports_prefix": quant.reports_prefix}.items():
+            if _overlaps(prefix, root):
+                raise ValueError(
+                    f"{label}: {prefix!r} overlaps artifacts.models_prefix {root!r}, where the "
+                    "deploy role reads and writes; accepted: a prefix outside it")
         return self
 
     @property

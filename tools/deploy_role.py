@@ -12,8 +12,18 @@ credentials — the CDK CLI's own calls go through the bootstrap roles it assume
   pushed images (ECR); the instance switch reads the endpoints (SageMaker) and their scaling and,
   only for an instance-type change, deregisters a variant (Application Auto Scaling);
 * ``make publish``: reads the Foundation stack's outputs, then heads, lists and writes the
-  artifacts under the two endpoints' prefixes, with the project key through S3;
+  artifacts under the two endpoints' prefixes (inside ``artifacts.models_prefix``), with the
+  project key through S3;
 * ``make smoke``: invokes the two endpoints.
+
+The S3 statements cover ``artifacts.models_prefix`` (``models/``), not the two prefixes the
+endpoints serve now: ``make promote`` serves a quantization run only from a *new*
+``llm.model.artifact_prefix``, and a policy scoped to the old one — attached by hand — would
+refuse the next pipeline deploy's preflight there. The settings keep every served model under
+``artifacts.models_prefix`` and quantization's base models, candidates and reports outside it,
+so the role still reads nothing the quantization job reads or writes, and the policy does not
+change when a model is promoted (``tests/tools/test_promote.py`` records the preflight after a
+promotion and decides its calls against the policy built before it).
 
 :func:`deploy_role_policy` is the policy for one environment; ``python -m tools.pipeline_settings
 --env <env> --deploy-role-policy`` prints it, docs/delivery.md shows Prod's, and
@@ -59,8 +69,7 @@ def _environment_tag(settings: EnvironmentSettings) -> str:
 def deploy_role_policy(settings: EnvironmentSettings) -> dict[str, Any]:
     """The deploy role's identity policy for ``settings``' environment."""
     account, region = settings.account, settings.region
-    layout = artifact_layout(settings)
-    prefixes = [layout.llm.read_prefix, layout.intent.read_prefix]
+    bucket, models = artifact_layout(settings).bucket, settings.artifacts.models_prefix
 
     def arn(service: str, resource: str) -> str:
         return f"arn:aws:{service}:{region}:{account}:{resource}"
@@ -79,11 +88,11 @@ def deploy_role_policy(settings: EnvironmentSettings) -> dict[str, Any]:
                    arn("ssm", f"parameter/cdk-bootstrap/{BOOTSTRAP_QUALIFIER}/version")),
         _statement("ReadSageMakerQuotas", ["servicequotas:ListServiceQuotas",
                                            "servicequotas:ListAWSDefaultServiceQuotas"], "*"),
-        _statement("ListArtifacts", ["s3:ListBucket"], f"arn:aws:s3:::{layout.bucket}",
-                   {"StringLike": {"s3:prefix": [f"{prefix}/*" for prefix in prefixes]}}),
+        _statement("ListArtifacts", ["s3:ListBucket"], f"arn:aws:s3:::{bucket}",
+                   {"StringLike": {"s3:prefix": [f"{models}/*"]}}),
         _statement("ReadAndPublishArtifacts",
                    ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
-                   [f"arn:aws:s3:::{layout.bucket}/{prefix}/*" for prefix in prefixes]),
+                   f"arn:aws:s3:::{bucket}/{models}/*"),
         _statement("ProjectKeyThroughS3", ["kms:Decrypt", "kms:GenerateDataKey"],
                    arn("kms", "key/*"), via_s3),
         _statement("CheckPublishedImages", ["ecr:DescribeImages"], arn(

@@ -5,7 +5,9 @@ The candidate is laid out as containers/quantize/quantize-job uploads it (quanti
 manifest, each object with its SHA-256 in its metadata, SSE-KMS with the project key; the job
 script itself is run in tests/quantization/test_quantize_cpu.py). The served prefix is what
 `make publish` writes. After a promotion, `make preflight`'s artifact check passes on the new
-prefix: the endpoint's next instance would pass its manifest check.
+prefix: the endpoint's next instance would pass its manifest check; run with the deploy role's
+key against a recording moto server (tests/tools/aws_calls.py), its calls are allowed by the role
+policy attached before the promotion.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import hashlib
 import io
 import json
 import shutil
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +36,8 @@ from tests.tools.artifact_fixtures import (
     write_intent_archive,
     write_model_dir,
 )
+from tests.tools.aws_calls import Permission, RecordingMotoServer, evaluate, unauthorized
+from tools.deploy_role import deploy_role_policy
 from tools.preflight.__main__ import check_artifacts
 from tools.promote.__main__ import main as promote
 from tools.publish.__main__ import main as publish
@@ -277,3 +283,101 @@ def test_make_promote_passes_its_arguments_through() -> None:
                             capture_output=True, text=True, check=True, timeout=60)
     assert f'-m tools.promote --env prod --run "{RUN}" --adapters-from "models/x"' \
         in result.stdout
+
+
+ROLE_KEY = "ASIADEPLOYROLESESSION0"
+"""The deploy role's session key, as in tests/tools/test_deploy_role.py."""
+
+
+def _foundation(session: Any, settings: EnvironmentSettings) -> AwsEnvironment:
+    """What `cdk deploy` of the Foundation stack leaves: the key (with its alias), the
+    versioned bucket, the outputs."""
+    kms = session.client("kms")
+    key_arn = kms.create_key(Description="project key")["KeyMetadata"]["Arn"]
+    kms.create_alias(AliasName=f"alias/{settings.resource_prefix}", TargetKeyId=key_arn)
+    s3 = session.client("s3")
+    name = settings.artifact_bucket_name
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={
+        "LocationConstraint": settings.region})
+    s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+                "Outputs": {"ProjectKeyArn": {"Value": key_arn},
+                            "ModelArtifactBucketName": {"Value": name}}}
+    session.client("cloudformation").create_stack(StackName=settings.foundation_stack_name,
+                                                  TemplateBody=json.dumps(template))
+    return AwsEnvironment(session, name, key_arn)
+
+
+def _exact_prefix_policy(policy: dict[str, Any], bucket: str, prefixes: list[str]
+                         ) -> dict[str, Any]:
+    """``policy`` with its S3 statements scoped to ``prefixes`` (what the policy was before)."""
+    listed = {"StringLike": {"s3:prefix": [f"{prefix}/*" for prefix in prefixes]}}
+    scoped: dict[str, dict[str, Any]] = {
+        "ListArtifacts": {"Condition": listed},
+        "ReadAndPublishArtifacts": {"Resource": [f"arn:aws:s3:::{bucket}/{prefix}/*"
+                                                 for prefix in prefixes]}}
+    return {**policy, "Statement": [{**s, **scoped.get(s["Sid"], {})}
+                                    for s in policy["Statement"]]}
+
+
+def test_after_a_promotion_the_attached_deploy_role_policy_allows_the_next_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deploy role's policy is attached by hand (docs/delivery.md), so the one built before a
+    promotion must still allow the pipeline's next preflight on the new prefix: the S3
+    statements cover artifacts.models_prefix, the settings keep every served prefix inside it
+    and quantization's prefixes outside, and the policy is the same before and after."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = RecordingMotoServer(port)
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
+        before = load_settings("dev")
+
+        def session(key: str) -> Any:
+            import boto3
+
+            return boto3.Session(aws_access_key_id=key, aws_secret_access_key="x",
+                                 aws_session_token="token", region_name=before.region)
+
+        admin = _foundation(session("admin"), before)
+        assert publish(["--env", "dev", "--model", str(write_model_dir(tmp_path / "served")),
+                        "--adapters", str(write_adapters(tmp_path / "lora")),
+                        "--intent", str(write_intent_archive(tmp_path / "intent"))],
+                       session=admin.session, out=io.StringIO()) == 0
+        deploy_serving(admin, SERVED)
+        upload_candidate(admin, write_model_dir(tmp_path / "candidate", weights_bytes=3000),
+                         CANDIDATE)
+        account = Account(admin, tmp_path, tmp_path / "candidate")
+        code, lines = account.promote()
+        assert code == 0, lines
+        after = account.settings()
+        # The pipeline's next deploy: the preflight's artifact check, as the deploy role.
+        assert check_artifacts(after, artifact_layout(after), session(ROLE_KEY), admin.key_arn,
+                               io.StringIO()) == []
+        calls = server.by(ROLE_KEY)
+    finally:
+        server.stop()
+    listed = {c.params.get("Prefix") for c in calls if c.operation == "ListObjectsV2"}
+    read = {c.params["Key"] for c in calls if c.operation == "GetObject"}
+    assert f"{NEW}/" in listed and f"{NEW}/{MANIFEST_FILE}" in read  # not vacuous
+    attached = deploy_role_policy(before)
+    assert deploy_role_policy(after) == attached
+    context = {"kms:ResourceAliases": [f"alias/{before.resource_prefix}"]}
+    assert unauthorized(calls, attached, before.account, context) == []
+    # Scoped to the prefixes served before the promotion, the policy refuses the preflight.
+    layout = artifact_layout(before)
+    old = _exact_prefix_policy(attached, layout.bucket,
+                               [layout.llm.read_prefix, layout.intent.read_prefix])
+    refused = unauthorized(calls, old, before.account, context)
+    assert refused and all(f"{NEW}/" in line for line in refused)
+    # It still reaches no candidate, base model or report.
+    for key in (f"{CANDIDATE}/config.json", REPORT_KEY, "base-models/llama/config.json"):
+        permission = Permission("s3:GetObject", f"arn:aws:s3:::{layout.bucket}/{key}")
+        assert evaluate(attached, permission)[0] is False, key
+    for prefix in ("quantization/", f"{CANDIDATE}/", "base-models/"):
+        permission = Permission("s3:ListBucket", f"arn:aws:s3:::{layout.bucket}",
+                                   {"s3:prefix": prefix})
+        assert evaluate(attached, permission)[0] is False, prefix
