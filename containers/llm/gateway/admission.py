@@ -10,6 +10,8 @@ is *expected* to use — its prompt plus the answer length recent answers sugges
 scheduler absorbs the rest (its preemptions are counted). Requests are also classified by
 prompt + ``max_tokens`` into buckets S/M/L/XL, each with its own concurrency cap, so a burst of
 XL requests cannot take every slot from short ones (docs/design-decisions.md#request-buckets).
+A request of ``n`` choices reserves the answer's KV ``n`` times (the prompt's once) and counts as
+``n`` of the engine's running sequences (``max_num_seqs``); a cap counts it once.
 The buckets and their bounds are :mod:`request_buckets`' (fractions of ``max_model_len``), the
 same the GPU budget sizes and the dashboard draws.
 
@@ -33,7 +35,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -186,7 +188,17 @@ class AdmissionRequest:
     prompt_tokens: int
     max_tokens: int
     sequences: int = 1
-    """Choices generated (``n``): each needs its own answer's KV; the prompt's is shared."""
+    """Choices generated (``n``): each needs its own answer's KV (the prompt's is shared) and
+    is one of the engine's running sequences (``max_running``, vLLM's ``max_num_seqs``)."""
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The forecast's bucket key for a request's further choices: running sequences that count
+    against ``max_running`` but not against a bucket's cap (caps count requests)."""
+
+    ticket: int
+    index: int
 
 
 @dataclass(eq=False)
@@ -208,9 +220,16 @@ class _Ticket:
     prefill_ahead: int = 0
     """Prompt tokens of requests dispatched before it and still without a first token."""
     first_token_at: float | None = None
-    last_token_at: float | None = None
+    last_token_at: dict[int, float] = field(default_factory=dict)
+    """When each choice's last delta came."""
     produced: int = 0
+    """Output tokens over all its choices."""
     cached_tokens: int = 0
+
+    @property
+    def remaining_output(self) -> float:
+        """Tokens each of its sequences is still expected to generate."""
+        return max(1.0, self.expected_output - self.produced / self.request.sequences)
 
 
 @dataclass
@@ -271,11 +290,17 @@ class AdmissionController:
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
+        self._running_sequences = 0
 
     @property
     def waiting(self) -> int:
         """Admitted requests waiting for dispatch."""
         return len(self._queue)
+
+    @property
+    def running_sequences(self) -> int:
+        """Sequences of the dispatched requests (``n`` each): what ``max_running`` caps."""
+        return self._running_sequences
 
     # --- arrival ---
     def forecast_ttft_s(self, request: AdmissionRequest) -> float:
@@ -288,10 +313,13 @@ class AdmissionController:
         tokens = request.prompt_tokens + request.sequences * expected
         ticket = _Ticket(id=next(self._ids), request=request, tokens=tokens,
                          expected_output=expected, arrived_at=now, forecast_ttft_s=NEVER)
-        if self.ledger.blocks_for(tokens) <= self.ledger.limit_blocks:
+        if (self.ledger.blocks_for(tokens) <= self.ledger.limit_blocks
+                and request.sequences <= self.max_running):
+            *ahead, new = self._queued(ticket)
             ticket.raw_forecast_s = first_token_in_s(
-                (self._in_flight(t) for t in self._running.values()),
-                (self._queued(t) for t in self._queue), self._queued(ticket),
+                (flight for t in self._running.values() for flight in self._in_flight(t)),
+                itertools.chain((item for t in self._queue for item in self._queued(t)),
+                                ahead), new,
                 rules=DispatchRules(
                     limit_tokens=self.ledger.limit_blocks * self.ledger.capacity.block_size,
                     max_running=self.max_running,
@@ -302,19 +330,33 @@ class AdmissionController:
             ticket.forecast_ttft_s = ticket.raw_forecast_s * self.forecasts.calibration()
         return ticket
 
-    def _in_flight(self, ticket: _Ticket) -> InFlight:
+    # The replay (gateway.forecast) counts each entry as one running sequence, so a request of
+    # n choices is handed to it as n entries: the request itself, with its reservation, bucket
+    # and prompt, and n - 1 further choices keyed apart from the buckets (a cap counts
+    # requests), holding no KV of their own. Running, they finish together. Queued, the choices
+    # come first and the first of them carries the reservation, so the request is dispatched
+    # only when its KV and its n sequences fit.
+    def _in_flight(self, ticket: _Ticket) -> Iterator[InFlight]:
         block = self.ledger.capacity.block_size
-        return InFlight(tokens=self.ledger.blocks_for(ticket.tokens) * block,
-                        remaining_output=max(1, ticket.expected_output - ticket.produced),
-                        bucket=ticket.request.bucket,
-                        prefill_tokens=(ticket.request.prompt_tokens
-                                        if ticket.first_token_at is None else 0))
+        remaining = ticket.remaining_output
+        yield InFlight(tokens=self.ledger.blocks_for(ticket.tokens) * block,
+                       remaining_output=remaining, bucket=ticket.request.bucket,
+                       prefill_tokens=(ticket.request.prompt_tokens
+                                       if ticket.first_token_at is None else 0))
+        for index in range(1, ticket.request.sequences):
+            yield InFlight(tokens=0, remaining_output=remaining,
+                           bucket=_Choice(ticket.id, index))
 
-    def _queued(self, ticket: _Ticket) -> Queued:
-        block = self.ledger.capacity.block_size
-        return Queued(tokens=self.ledger.blocks_for(ticket.tokens) * block,
-                      prompt_tokens=ticket.request.prompt_tokens,
-                      output_tokens=ticket.expected_output, bucket=ticket.request.bucket)
+    def _queued(self, ticket: _Ticket) -> list[Queued]:
+        tokens = self.ledger.blocks_for(ticket.tokens) * self.ledger.capacity.block_size
+        request = ticket.request
+        choices = [Queued(tokens=tokens if index == 1 else 0, prompt_tokens=0,
+                          output_tokens=ticket.expected_output,
+                          bucket=_Choice(ticket.id, index))
+                   for index in range(1, request.sequences)]
+        return [*choices, Queued(tokens=0 if choices else tokens,
+                                 prompt_tokens=request.prompt_tokens,
+                                 output_tokens=ticket.expected_output, bucket=request.bucket)]
 
     async def acquire(self, request: AdmissionRequest, *, max_wait_s: float,
                       max_total_inflight: Callable[[], int | None] = lambda: None
@@ -359,10 +401,13 @@ class AdmissionController:
     # --- dispatch ---
     def dispatch(self) -> None:
         """Dispatch queued requests first come, first served while their reservations fit (one
-        blocked only by its bucket's cap lets the ones behind it pass)."""
+        blocked only by its bucket's cap lets the ones behind it pass); ``max_running`` caps the
+        sequences running, ``n`` for a request of ``n`` choices."""
         index = 0
-        while index < len(self._queue) and len(self._running) < self.max_running:
+        while index < len(self._queue):
             ticket = self._queue[index]
+            if self._running_sequences + ticket.request.sequences > self.max_running:
+                return
             reason = self.ledger.refusal(ticket.request.bucket, ticket.tokens)
             if reason is RefusalReason.BUCKET_CAP:
                 index += 1
@@ -380,6 +425,7 @@ class AdmissionController:
             ticket.prefill_ahead = sum(t.request.prompt_tokens for t in self._running.values()
                                        if t.first_token_at is None)
             self._running[ticket.id] = ticket
+            self._running_sequences += ticket.request.sequences
             ticket.future.set_result(reservation)
 
     def notify(self) -> None:
@@ -388,8 +434,9 @@ class AdmissionController:
 
     # --- what the streams tell ---
     def progress(self, reservation: KvReservation, tokens: int, *,
-                 cached_tokens: int | None = None) -> None:
-        """``tokens`` more tokens of ``reservation``'s answer arrived now."""
+                 cached_tokens: int | None = None, choice: int = 0) -> None:
+        """``tokens`` more tokens of ``reservation``'s answer (its choice ``choice``) arrived
+        now."""
         ticket = self._running.get(reservation.ticket)
         if ticket is None or tokens <= 0:
             return
@@ -399,10 +446,12 @@ class AdmissionController:
         if ticket.first_token_at is None:
             ticket.first_token_at = now
             self._first_token(ticket, now)
-        elif ticket.last_token_at is not None:
-            # The pace as it streams (a burst's first wave teaches the model within steps).
-            self.steps.observe(len(self._running), (now - ticket.last_token_at) / tokens, tokens)
-        ticket.last_token_at = now
+        last = ticket.last_token_at.get(choice)
+        if last is not None:
+            # The pace of one sequence as it streams, against the sequences running (a burst's
+            # first wave teaches the model within steps).
+            self.steps.observe(self.running_sequences, (now - last) / tokens, tokens)
+        ticket.last_token_at[choice] = now
         ticket.produced += tokens
 
     def _first_token(self, ticket: _Ticket, now: float) -> None:
@@ -417,11 +466,18 @@ class AdmissionController:
     def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
                 capped: bool = False) -> None:
         """Return a reservation; learn the answer's length (``completion_tokens`` of a real
-        answer, ``capped`` when ``max_tokens`` cut it); dispatch what now fits."""
+        answer over all its choices, as its usage counts them; ``capped`` when ``max_tokens``
+        cut one of them): each of its ``n`` choices is one answer of ``completion_tokens / n``
+        tokens. Dispatch what now fits."""
         self.ledger.release(reservation)
         ticket = self._running.pop(reservation.ticket, None)
+        if ticket is not None:
+            self._running_sequences -= ticket.request.sequences
         if ticket is not None and completion_tokens is not None and ticket.produced > 0:
-            self.lengths.observe(completion_tokens, capped=capped)
+            sequences = ticket.request.sequences
+            per_choice = math.ceil(completion_tokens / sequences)
+            for _ in range(sequences):
+                self.lengths.observe(per_choice, capped=capped)
         self.dispatch()
 
 

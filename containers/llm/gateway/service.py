@@ -370,9 +370,11 @@ class ChatService:
         if len(messages) > limit:
             raise ApiError(400, f"messages: {len(messages)} messages, at most {limit} are "
                                 "accepted", param="messages")
-        if request.n is not None and request.n > self.settings.gateway.max_n:
-            raise ApiError(400, f"n: {request.n} choices asked for; at most "
-                                f"{self.settings.gateway.max_n} are accepted (GATEWAY_MAX_N)",
+        max_n = min(self.settings.gateway.max_n, self.settings.engine.max_num_seqs)
+        if request.n is not None and request.n > max_n:
+            # Each choice is one of the engine's running sequences.
+            raise ApiError(400, f"n: {request.n} choices asked for; at most {max_n} are "
+                                "accepted (GATEWAY_MAX_N, at most ENGINE_MAX_NUM_SEQS)",
                            param="n")
         last = len(messages) - 1
         if messages[last].role != "user":
@@ -637,9 +639,10 @@ class ChatService:
             # Real answers teach admission how long answers are (warmup's are short on purpose).
             answered = (record.finish_reason in ("stop", "length") and not deadline_hit
                         and record.outcome != "fallback" and not record.warmup)
+            # completion_tokens counts every choice; admission learns each choice's length.
             self.admission.release(admission.reservation,
                                    completion_tokens=record.completion_tokens if answered else None,
-                                   capped=record.finish_reason == "length")
+                                   capped="length" in finish_reasons.values())
 
     def _on_delta(self, delta: GenerationDelta, record: RequestRecord, admission: Admission,
                   finish_reasons: dict[int, str]) -> TextEvent | None:
@@ -650,9 +653,10 @@ class ChatService:
         if delta.cached_tokens is not None:
             record.cached_tokens = delta.cached_tokens
         self.admission.progress(admission.reservation, len(delta.token_ids),
-                                cached_tokens=delta.cached_tokens)
+                                cached_tokens=delta.cached_tokens, choice=delta.choice)
         record.completion_tokens += len(delta.token_ids)
-        record.mark_tokens(self.clock(), len(delta.token_ids))
+        if delta.choice == 0:  # the time per output token is one sequence's pace
+            record.mark_tokens(self.clock(), len(delta.token_ids))
         if delta.finish_reason is not None:
             finish_reasons[delta.choice] = "length" if delta.finish_reason == "length" else "stop"
         # A stream starts at the first token, as vLLM's does, even if it shows no text yet; a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,9 @@ from gateway.admission import (
 )
 from gateway.engines.base import KvCapacity
 from gateway.forecast import StepPrior
+from gateway.service import ApiError, FinishEvent, TextEvent
 from request_buckets import bucket_bounds
+from tests.containers.llm.harness import chat_request, new_record
 
 BOUNDS = bucket_bounds(4096)  # S ≤ 512, M ≤ 1,024, L ≤ 2,048
 CAPS = {"S": 4, "M": 3, "L": 2, "XL": 1}
@@ -287,3 +290,151 @@ def test_the_calibration_is_bounded_and_ignores_tiny_forecasts() -> None:
     for _ in range(100):
         stats.observe(10.0, 1.0, slo_s=2.0)
     assert stats.calibration() == 4.0 and stats.late == 100
+
+
+def choices_request(tokens: int, max_tokens: int = 100, sequences: int = 3,
+                    bucket: LengthBucket = LengthBucket.S) -> AdmissionRequest:
+    return AdmissionRequest(bucket=bucket, prompt_tokens=tokens - max_tokens,
+                            max_tokens=max_tokens, sequences=sequences)
+
+
+def test_a_request_of_three_choices_runs_three_of_max_running() -> None:
+    """max_running is the engine's max_num_seqs: n=3 takes three sequences, so with four slots
+    a second n=3 request waits (and the forecast knows it) while a single-choice one fits."""
+    async def scenario() -> tuple[int, int, float, float, RefusalReason | None]:
+        admission = controller(blocks=1000, slo_s=10.0, max_running=4)
+        held = await admission.acquire(choices_request(200), max_wait_s=1.0)
+        running = admission.running_sequences
+        alone = admission.forecast_ttft_s(request(200, 100, LengthBucket.S))
+        behind = admission.forecast_ttft_s(choices_request(200))
+        single = await admission.acquire(request(200, 100, LengthBucket.S), max_wait_s=1.0)
+        reason = None
+        try:
+            await admission.acquire(choices_request(200), max_wait_s=0.02)
+        except AdmissionRejected as rejected:
+            reason = rejected.reason
+        full = admission.running_sequences
+        admission.release(single)
+        admission.release(held)
+        return running, full, alone, behind, reason
+
+    running, full, alone, behind, reason = asyncio.run(scenario())
+    assert running == 3 and full == 4
+    assert alone == pytest.approx(0.010, rel=1e-3)  # the fourth slot is free
+    # Three more sequences wait for the running three to finish their 100 tokens each (1 s).
+    assert behind == pytest.approx(100 * 0.010 + 0.010, rel=1e-3)
+    assert reason is RefusalReason.QUEUE_TIMEOUT  # admitted, but waited for its three slots
+
+
+def test_more_choices_than_max_running_never_fit() -> None:
+    async def scenario() -> RefusalReason:
+        admission = controller(blocks=1000, max_running=2)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(choices_request(200), max_wait_s=1.0)
+        return caught.value.reason
+
+    assert asyncio.run(scenario()) is RefusalReason.NEVER_FITS
+
+
+def test_three_choices_reserve_three_answers_and_wait_their_longest_remaining_output() -> None:
+    """The KV holds the prompt once and each choice's answer; as its choices stream, the
+    replay expects each sequence to need max_tokens less what that sequence produced."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[KvReservation, float, float]:
+        admission = AdmissionController(
+            ledger(blocks=1000), ttft_slo_s=100.0, max_running=3, clock=clock,
+            prior=StepPrior(step_s=0.010, step_s_per_sequence=0.0, first_token_s=0.010,
+                            prefill_tokens_per_s=1e9))
+        held = await admission.acquire(choices_request(300), max_wait_s=1.0)
+        before = admission.forecast_ttft_s(request(200, 100, LengthBucket.S))
+        for _ in range(40):  # 40 tokens of each of its 3 choices
+            clock.now += 0.010
+            for choice in range(3):
+                admission.progress(held, 1, choice=choice)
+        after = admission.forecast_ttft_s(request(200, 100, LengthBucket.S))
+        return held, before, after
+
+    held, before, after = asyncio.run(scenario())
+    assert held.tokens == 200 + 3 * 100
+    assert before == pytest.approx(100 * 0.010 + 0.010, rel=1e-3)
+    assert after == pytest.approx(60 * 0.010 + 0.010, rel=1e-2)  # not 100 - 120 tokens
+
+
+def test_the_choices_stream_one_sequence_pace_each() -> None:
+    """Deltas of the three choices arrive in the same step: the pace is per choice (10 ms a
+    token), not the gap between two choices' deltas."""
+    clock = FakeClock()
+
+    async def scenario() -> AdmissionController:
+        admission = AdmissionController(ledger(blocks=1000), ttft_slo_s=2.0, max_running=64,
+                                        clock=clock)
+        held = await admission.acquire(choices_request(300), max_wait_s=1.0)
+        for _ in range(300):
+            clock.now += 0.010
+            for choice in range(3):
+                admission.progress(held, 1, choice=choice)
+                clock.now += 0.0001
+        admission.release(held)
+        return admission
+
+    admission = asyncio.run(scenario())
+    assert admission.steps.step_s(3) == pytest.approx(0.0103, rel=0.1)
+
+
+def test_the_learned_answer_length_is_per_choice() -> None:
+    """An n=3 request whose usage counts 120 completion tokens taught 3 answers of 40."""
+    async def scenario() -> AdmissionController:
+        admission = controller(blocks=1000)
+        for _ in range(7):
+            reservation = await admission.acquire(choices_request(300), max_wait_s=1.0)
+            for choice in range(3):
+                admission.progress(reservation, 40, choice=choice)
+            admission.release(reservation, completion_tokens=120, capped=False)
+        return admission
+
+    admission = asyncio.run(scenario())
+    assert admission.lengths.typical() == 40  # 21 answers of 40, not 7 of 120
+    assert admission.lengths.expected(100) == 40
+    assert admission.running_sequences == 0 and admission.ledger.reserved_blocks == 0
+
+
+def test_the_gateway_runs_and_learns_n_choices_per_choice(make_runtime: Any) -> None:
+    """Through the service on the simulated engine: an n=3 request holds three of the running
+    sequences while it streams, and admission learns three answers of 12 tokens (its usage
+    counts 36), each choice's stream pacing itself."""
+    runtime, _ = make_runtime(ENGINE_SIM_EOS_PROBABILITY="0")
+
+    async def scenario() -> tuple[list[int], int, list[int]]:
+        await runtime.supervisor.start()
+        running: list[int] = []
+        learned_before = len(runtime.admission.lengths._recent)
+        request = chat_request(messages=[{"role": "user", "content": "Naruto?"}],
+                               max_tokens=12, n=3)
+        record = new_record()
+        prepared = runtime.service.prepare(request, record)
+        admission = await runtime.service.admit(prepared)
+        choices: list[int] = []
+        async for event in runtime.service.run(prepared, admission):
+            running.append(runtime.admission.running_sequences)
+            if isinstance(event, TextEvent):
+                choices.append(event.choice)
+            else:
+                assert isinstance(event, FinishEvent)
+        await runtime.supervisor.close()
+        assert record.completion_tokens == 36
+        learned = [tokens for tokens, _ in list(runtime.admission.lengths._recent)[learned_before:]]
+        return running, runtime.admission.running_sequences, [*learned, len(set(choices))]
+
+    running, after, learned = asyncio.run(scenario())
+    assert set(running[:-1]) == {3} and after == 0
+    assert learned == [12, 12, 12, 3]
+
+
+def test_more_choices_than_the_engine_runs_at_once_are_a_400_naming_n(make_runtime: Any) -> None:
+    runtime, _ = make_runtime(ENGINE_MAX_NUM_SEQS="2")
+    with pytest.raises(ApiError) as caught:
+        runtime.service.prepare(chat_request(messages=[{"role": "user", "content": "Naruto?"}],
+                                             max_tokens=12, n=3), new_record())
+    assert caught.value.status == 400 and caught.value.param == "n"
+    assert "at most 2 are accepted" in caught.value.message
