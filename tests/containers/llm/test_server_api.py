@@ -204,7 +204,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None, str]] = [
         "type": "json_schema", "json_schema": {"name": "card"}}}, 400,
      "response_format.json_schema.schema", "field required"),
     ("JSON on the simulator", {"messages": [USER], "response_format": {"type": "json_object"}},
-     400, "messages", "cannot constrain its output to JSON"),
+     400, "response_format", "cannot constrain its output to JSON"),
+    ("greedy n on the simulator, as on vLLM", {"messages": [USER], "n": 2, "temperature": 0},
+     400, "n", "n must be 1 when using greedy sampling"),
     ("five stops", {"messages": [USER], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop",
      "at most 4 stop sequences"),
     ("temperature", {"messages": [USER], "temperature": 9}, 400, "temperature", "less than"),
@@ -240,6 +242,18 @@ def test_bad_input_is_a_4xx_naming_the_field(gateway: GatewayProcess, label: str
     assert error["param"] == param
     assert fragment in error["message"], error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"n": 2, "temperature": 0}, "n"),
+])
+def test_an_engine_refusal_of_a_stream_is_a_400_before_the_stream(
+        gateway: GatewayProcess, extra: dict[str, Any], param: str) -> None:
+    response = post(gateway, {"messages": [USER], "max_tokens": 8, "stream": True, **extra})
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["param"] == param
 
 
 def test_oversized_bodies_are_413(gateway: GatewayProcess) -> None:

@@ -22,11 +22,13 @@ Its output text is generated, not meaningful; its behaviour under memory pressur
 * **Latency.** A step costs ``step_time_s + token_time_s × scheduled tokens`` of wall time
   (``asyncio.sleep``; zero for benchmarks and soak tests, in which case up to 16 steps run
   between two event-loop turns).
-* **Request fields** (:data:`SIM_FIELD_SUPPORT`): ``n`` runs one sequence per choice,
+* **Request fields** (:data:`SIM_FIELD_SUPPORT`): ``n`` runs one sequence per choice (more
+  than one with temperature 0 is refused, as vLLM refuses greedy sampling of several choices),
   ``logprobs`` reports each sampled word's probability under its uniform choice, ``min_tokens``,
   ``ignore_eos``, ``stop`` and ``seed`` act as in vLLM; the distribution controls (temperature,
   top_p, top_k, min_p, penalties) have nothing to shape in a uniform choice and are accepted
-  without effect; a JSON ``response_format`` is refused — the simulator cannot constrain text.
+  without effect; a JSON ``response_format`` is refused, naming it — the simulator cannot
+  constrain text.
 * **OOM injection.** At a step count, at a batched-token threshold, or on :meth:`inject_oom` (the
   gateway exposes that only in test mode). The engine then dies exactly as vLLM's does when its
   engine-core process hits a CUDA OOM: every in-flight request gets :class:`EngineOutOfMemory`,
@@ -76,9 +78,12 @@ _OUTPUT_WORDS: tuple[str, ...] = (
 _OUTPUT_TOKEN_ID_OFFSET = 1000
 _WORD_LOGPROB = -math.log(len(_OUTPUT_WORDS))
 """Every word is equally likely: its log-probability."""
+_GREEDY = 1e-5
+"""A temperature below this is greedy sampling (vLLM's ``_SAMPLING_EPS``)."""
 
 SIM_FIELD_SUPPORT: dict[str, str] = {
-    "n": "honoured: one simulated sequence per choice",
+    "n": "honoured: one simulated sequence per choice; with temperature 0 (greedy) refused "
+         "like vLLM refuses it, naming n",
     "logprobs": "honoured: each word's probability under the simulator's uniform choice",
     "top_logprobs": "honoured: that many other words, equally likely",
     "min_tokens": "honoured", "ignore_eos": "honoured", "stop": "honoured", "seed": "honoured",
@@ -284,7 +289,12 @@ class SimEngine:
         if params.response_format is not None:
             raise EngineRequestError(
                 f"response_format {params.response_format!r}: the simulated engine cannot "
-                "constrain its output to JSON; run the vLLM engine (--engine vllm)")
+                "constrain its output to JSON; run the vLLM engine (--engine vllm)",
+                param="response_format")
+        if params.n > 1 and params.temperature is not None and params.temperature < _GREEDY:
+            raise EngineRequestError(  # as vLLM's SamplingParams refuses it
+                f"n must be 1 when using greedy sampling (temperature 0), got {params.n}",
+                param="n")
         if params.n == 1:
             async for delta in self._generate_one(request_id, prompt, params, adapter, 0):
                 yield delta
