@@ -55,6 +55,34 @@ def test_scalable_target_is_the_llm_variant(synthesized, stage: str) -> None:  #
         "registered"
 
 
+@pytest.mark.parametrize("stage", ["Dev", "Prod"])
+def test_every_scalable_target_carries_the_tag_the_instance_switch_deregisters_by(  # type: ignore[no-untyped-def]
+    synthesized, stage: str,
+) -> None:
+    """tools/instance_switch.py deregisters a variant by its resource id, as the deploy role,
+    whose DeregisterForAnInstanceTypeChange statement allows it only on scalable targets tagged
+    ``Environment=<tags.Environment>`` (tools/deploy_role.py): a target without that tag would
+    be refused and an instance-type change would stop make deploy."""
+    from tools.deploy_role import deploy_role_policy
+    from tools.instance_switch import SCALABLE_DIMENSION, configured_variants
+
+    settings = load_settings(stage.lower())
+    (deregister,) = [s for s in deploy_role_policy(settings)["Statement"]
+                     if s["Sid"] == "DeregisterForAnInstanceTypeChange"]
+    tag = {"Key": "Environment", "Value": settings.tags["Environment"]}
+    assert deregister["Condition"] == {"StringEquals": {
+        f"aws:ResourceTag/{tag['Key']}": tag["Value"]}}
+    targets = by_type(synthesized.template(f"{stage}/Serving"),
+                      "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert {t["Properties"]["ResourceId"] for t in targets} == {
+        variant.resource_id for variant in configured_variants(settings)}
+    for target in targets:
+        props = target["Properties"]
+        assert (props["ServiceNamespace"], props["ScalableDimension"]) == (
+            "sagemaker", SCALABLE_DIMENSION)
+        assert tag in props.get("Tags", []), props["ResourceId"]
+
+
 def tracking(template: dict[str, Any], metric: str) -> dict[str, Any]:
     (config,) = [r["Properties"]["TargetTrackingScalingPolicyConfiguration"]
                  for k, r in template["Resources"].items()
