@@ -31,7 +31,7 @@ from pydantic import (
     model_serializer,
 )
 
-from gateway.openai_fields import SAMPLING_FIELDS
+from gateway.openai_fields import SAMPLING_FIELDS, refusal
 from intents import INTENT_LABELS, require_intent
 from serving_contract import LOCALE_PATTERN
 
@@ -91,12 +91,43 @@ CONTENT_TAGS: frozenset[str] = frozenset({"string", "parts"})
 """The content union's tags, which pydantic puts into an error's location."""
 
 
+_TOOL_REFUSAL = refusal("tools")
+TOOL_ROLES: frozenset[str] = frozenset({"tool", "function"})
+"""Message roles of tool calling: refused with the ``tools`` row's reason."""
+
+
+def _no_tool_role(value: Any) -> Any:
+    if value in TOOL_ROLES:
+        raise ValueError(f"{value!r} messages are not accepted by this gateway: {_TOOL_REFUSAL}")
+    return value
+
+
+def _no_tool_calls(value: Any) -> None:
+    """A tool-calling field of a message (a call, its id, its result) is refused by name with the
+    ``tools`` row's reason; absent, null or an empty list of calls carries nothing."""
+    if value is None or value == []:
+        return None
+    raise ValueError(f"not accepted by this gateway: {_TOOL_REFUSAL}")
+
+
+ToolCallingField = Annotated[None, BeforeValidator(_no_tool_calls)]
+
+
 class ChatMessage(BaseModel):
-    """One message: content is a string or a list of text parts (other parts are refused)."""
+    """One message: content is a string or a list of text parts (other parts are refused).
+
+    Tool calling is refused as the request's ``tools`` are: a ``tool`` (or ``function``) message,
+    an assistant's ``tool_calls`` (or ``function_call``), a ``tool_call_id`` — each a 400 naming
+    it, never dropped. (Declared before ``content``, whose absence in a tool call's message
+    would otherwise be the error named.)"""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Annotated[Literal["system", "developer", "user", "assistant"],
+                    BeforeValidator(_no_tool_role)]
+    tool_calls: ToolCallingField = Field(None, description="Refused: " + str(_TOOL_REFUSAL))
+    function_call: ToolCallingField = Field(None, description="Refused: " + str(_TOOL_REFUSAL))
+    tool_call_id: ToolCallingField = Field(None, description="Refused: " + str(_TOOL_REFUSAL))
     content: MessageContent
     name: Annotated[Text, Field(max_length=64)] | None = None
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gateway.demo_model import synthetic_conversation
+from gateway.openai_fields import REFUSED
 from gateway.tokenizer import ChatTokenizer
 from prompts import SYSTEM_PROMPT_EN
 from request_buckets import bucket_bounds
@@ -168,7 +169,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None, str]] = [
     ("form body", "messages=hi", 400, None, "Content-Type: application/json"),
     ("missing messages", {"model": "manga"}, 400, "messages", "field required"),
     ("empty messages", {"messages": []}, 400, "messages", "at least 1 item"),
-    ("unknown role", {"messages": [{"role": "tool", "content": "x"}]}, 400,
+    ("unknown role", {"messages": [{"role": "critic", "content": "x"}]}, 400,
      "messages[0].role", "'system', 'developer', 'user' or 'assistant'"),
     ("number content", {"messages": [{"role": "user", "content": 42}]}, 400,
      "messages[0].content", "a string or a list of text parts"),
@@ -193,6 +194,19 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None, str]] = [
      400, "max_completion_tokens", "disagree"),
     ("tools", {"messages": [USER], "tools": []}, 400, "tools",
      "not accepted by this gateway: tool calls are not served"),
+    ("a tool message", {"messages": [USER, {"role": "tool", "content": "{\"stock\": 3}",
+                                            "tool_call_id": "call_1"}, USER]}, 400,
+     "messages[1].role", "'tool' messages are not accepted by this gateway: " + REFUSED["tools"]),
+    ("an assistant's tool calls", {"messages": [USER, {
+        "role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "stock", "arguments": "{}"}}]}, USER]}, 400,
+     "messages[1].tool_calls", "not accepted by this gateway: " + REFUSED["tools"]),
+    ("a tool_call_id", {"messages": [{"role": "user", "content": "hi", "tool_call_id": "c"}]},
+     400, "messages[0].tool_call_id", "not accepted by this gateway: " + REFUSED["tools"]),
+    ("a function_call", {"messages": [USER, {"role": "assistant", "content": "x",
+                                             "function_call": {"name": "f"}}, USER]}, 400,
+     "messages[1].function_call", "not accepted by this gateway: " + REFUSED["tools"]),
     ("a vLLM prompt control", {"messages": [USER], "chat_template": "{{x}}"}, 400,
      "chat_template", "renders and counts every prompt itself"),
     ("unknown field", {"messages": [USER], "frobnicate": 1}, 400, "frobnicate",
