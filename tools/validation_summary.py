@@ -6,10 +6,16 @@
 Both plugins run inside the synthesis (``stacks.nag.add_nag_checks``); an unacknowledged finding
 has already failed it. This reads what they left in ``cdk.out/validation-report.json`` —
 ``violations`` (unacknowledged) and ``suppressedViolations`` (acknowledged on a construct with a
-reason) per plugin — and prints one line:
+reason) per plugin — and prints one line (the README's first lines show the current counts):
 
-    cdk-nag: 0 unacknowledged, 49 acknowledged with a reason; cfn-guard 3.1.1 (Control Tower
-    proactive controls, 237 rules): 0 unacknowledged, 31 acknowledged with a reason (9 controls)
+    cdk-nag: 0 unacknowledged, <N> acknowledged with a reason; cfn-guard <version> (Control Tower
+    proactive controls, <rules> rules): 0 unacknowledged, <M> acknowledged with a reason
+    (<controls> controls)
+
+``<N>`` and ``<M>`` count acknowledged findings (one per construct), ``<controls>`` the distinct
+Control Tower controls their reasons name; ``<version>`` and ``<rules>`` are the installed
+plugin's cfn-guard and its bundled rules. Any unacknowledged finding, or an acknowledgement
+without a reason (``, <K> WITHOUT a reason``), makes the line unclean.
 
 Exit status 0 when nothing is unacknowledged and every acknowledgement has a reason, 1
 otherwise, 2 when there is no report to read.

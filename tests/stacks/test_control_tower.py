@@ -182,6 +182,35 @@ def test_acknowledged_it_passes_and_the_summary_counts_it(tmp_path: Path,
                          "0 unacknowledged, 1 acknowledged with a reason (1 controls)"), line
 
 
+def test_the_docstring_example_is_the_synthesized_apps_line_in_general_form(
+    synthesized: Any,
+) -> None:
+    """tools/validation_summary.py's docstring shows the line with placeholders; filled with the
+    synthesized app's counts it is the line the tool prints."""
+    import tools.validation_summary as tool
+
+    report = json.loads((synthesized.outdir / "validation-report.json").read_text())
+    line, _ = summary_line(report)
+    example = " ".join(tool.__doc__.split("prints one line", 1)[1].split("\n\n")[1].split())
+    nag = int(line.split(", ", 1)[1].split(" ", 1)[0])
+    version, rules = guard_release()
+    filled = (example.replace("<N>", str(nag)).replace("<version>", version)
+              .replace("<rules>", str(rules)).replace("<M>", str(len(suppressed(synthesized.outdir))))
+              .replace("<controls>", str(len(GUARD_CONTROLS))))
+    assert filled == line
+
+
+def test_the_readme_pipeline_names_every_check_make_synth_runs() -> None:
+    """The README's pipeline diagram says what the Makefile's synth target runs."""
+    root = Path(__file__).resolve().parents[2]
+    makefile = (root / "Makefile").read_text()
+    help_text = makefile.split("\nsynth:", 1)[1].split("\n", 1)[0]
+    checks = help_text.split("offline (", 1)[1].split(")", 1)[0]
+    assert checks == "cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov"
+    readme = (root / "README.md").read_text()
+    assert f"make synth ({checks}) ─► make diff" in readme
+
+
 def test_acknowledging_needs_a_known_control_and_a_real_reason() -> None:
     group = logs.LogGroup(cdk.Stack(cdk.App(), "S"), "G")
     with pytest.raises(ValueError, match=re.escape("control 'CT.KMS.PR.3' is not accepted; accepted: ")):
