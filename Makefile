@@ -115,7 +115,7 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 	$(PY) benchmarks/gateway_vs_vllm.py
 	$(PY) benchmarks/conversation_replay.py
 	$(PY) benchmarks/admission_burst.py
-	$(PY) benchmarks/vllm_bench_client.py
+	$(PY) benchmarks/vllm_bench_client.py --check
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
