@@ -138,6 +138,25 @@ def test_no_instance_type_change_leaves_scaling_alone(account: Any, tmp_path: Pa
     assert registered(account)
 
 
+def test_after_a_rolled_back_switch_only_the_switch_itself_restores_scaling(
+    account: Any, tmp_path: Path,
+) -> None:
+    """docs/design-decisions.md#instance-type-switch: the switch deregistered the variant, the
+    Serving update failed and rolled back, so the endpoint still runs inf1, unregistered. Re-run
+    with inf2 configured, the switch lets the deploy through (the stack then creates the inf2
+    target, test below); with inf1 configured it sees no change and registers nothing, and the
+    inf1 template's scaling resources are those CloudFormation believes deployed: no deploy
+    brings autoscaling back on the old type."""
+    assert switch(account, tmp_path, "inf2")[0] == 0
+    assert registered(account) == []  # the rollback leaves the endpoint on inf1, unregistered
+    assert switch(account, tmp_path, "inf2")[1][1] == (
+        f"ok: {INTENT}: ml.inf1.xlarge -> ml.inf2.xlarge, not registered (nothing to deregister)")
+    assert switch(account, tmp_path, "inf1") == (0, [f"ok: {LLM}: not deployed yet",
+                                                     f"ok: {INTENT}: ml.inf1.xlarge, no change"])
+    assert registered(account) == []
+    assert scalable_target_id("ml.inf1.xlarge") == "Target"  # the id deployed before the switch
+
+
 def intent_targets(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {k: r for k, r in template["Resources"].items()
             if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
