@@ -153,9 +153,12 @@ class ReleaseCalendarReconciler(Construct):
             enforce_ssl=True,
             retention_period=FAILED_RUN_RETENTION,
             removal_policy=cdk.RemovalPolicy.DESTROY,
-            # It is a dead-letter queue, and says so: SQS's default redrive permission
-            # (allowAll), stated, is what AWS Control Tower's CT.SQS.PR.1 reads as "this queue
-            # is a DLQ" instead of asking it for a dead-letter queue of its own.
+            # A dead-letter store with no dead-letter queue of its own. AWS Control Tower's
+            # CT.SQS.PR.1 skips a queue whose redrive permission is allowAll or byQueue, so this
+            # states allowAll, SQS's default: it changes nothing in SQS and is an
+            # acknowledgement, not a fix. denyAll (no queue redrives into it: it receives only
+            # the Lambda's on-failure records and the rules' undelivered events) would be the
+            # truthful value, but the rule fails it; byQueue needs source queues.
             redrive_allow_policy=sqs.RedriveAllowPolicy(
                 redrive_permission=sqs.RedrivePermission.ALLOW_ALL),
         )

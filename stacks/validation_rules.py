@@ -24,8 +24,9 @@ GUARD_CONTROLS: dict[str, str] = {
 }
 """Control Tower control id -> the cfn-guard rule that implements it (the bundled
 ``rules/control-tower/cfn-guard/**/ct-*.guard``), for the controls this app acknowledges on
-some resource. The ones it fixed everywhere (CT.KMS.PR.3, CT.CLOUDWATCH.PR.2, CT.SQS.PR.1) are
-not here, so nothing can acknowledge them instead of fixing a new finding."""
+some resource. The ones it fixed everywhere (CT.KMS.PR.3, CT.CLOUDWATCH.PR.2), and CT.SQS.PR.1,
+which the failed-runs queue passes by stating SQS's default redrive permission, are not here, so
+nothing can acknowledge them instead of fixing a new finding."""
 
 UNREADABLE_VALUE = "the rule cannot read this valid template value"
 """How an acknowledgement of a rule that misreads a construct starts (the plugin's README: the

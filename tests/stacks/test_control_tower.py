@@ -10,12 +10,18 @@ and what became of each:
   that is integrated with AWS KMS sends the request on the principal's behalf", AWS KMS Developer
   Guide, "Controlling access to grants",
   https://docs.aws.amazon.com/kms/latest/developerguide/grant-authorization.html);
-  CT.CLOUDWATCH.PR.2 (every log group keeps a year); CT.SQS.PR.1 (the failed-runs queue is a
-  dead-letter queue and says so with a RedriveAllowPolicy: "allowAll (Default) – Any source
-  queues in this AWS account in the same Region can specify this queue as the dead-letter
-  queue", CloudFormation template reference, AWS::SQS::Queue,
-  https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/aws-resource-sqs-queue.html);
-  CT.S3.PR.4 on the artifact bucket (EventBridge notifications);
+  CT.CLOUDWATCH.PR.2 (every log group keeps a year); CT.S3.PR.4 on the artifact bucket
+  (EventBridge notifications);
+* passed by stating a default, in effect an acknowledgement — CT.SQS.PR.1 on the failed-runs
+  queue, which is itself a dead-letter store (the reconciler's on-failure destination and its
+  EventBridge rules' DLQ) and has none of its own. The rule skips a queue whose
+  RedriveAllowPolicy says ``allowAll`` or ``byQueue``; the queue states ``allowAll``, SQS's
+  default ("allowAll (Default) – Any source queues in this AWS account in the same Region can
+  specify this queue as the dead-letter queue", CloudFormation template reference,
+  AWS::SQS::Queue,
+  https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/aws-resource-sqs-queue.html),
+  so SQS behaves exactly as without it. ``denyAll`` (no queue redrives into it) would be the
+  truthful setting, but the rule fails it; ``byQueue`` needs source queues it has none of;
 * acknowledged on their resources with a reason — the rest (tests below check each reason's
   claim where a template can show it).
 """
@@ -37,7 +43,10 @@ from stacks.nag import acknowledge_guard, add_nag_checks, summarize_validation_r
 from stacks.validation_rules import GUARD_CONTROLS, GUARD_PLUGIN, UNREADABLE_VALUE
 from tools.validation_summary import GUARD_DISTRIBUTION, guard_release, main, summary_line
 
-FIXED_CONTROLS = {"CT.KMS.PR.3", "CT.CLOUDWATCH.PR.2", "CT.SQS.PR.1"}
+FIXED_CONTROLS = {"CT.KMS.PR.3", "CT.CLOUDWATCH.PR.2"}
+STATED_DEFAULT_CONTROLS = {"CT.SQS.PR.1"}
+"""Passed by stating the AWS default the rule looks for: nothing changes in AWS (an
+acknowledgement in effect, not a fix), and they are not acknowledgeable either."""
 
 
 def guard_report(outdir: Path) -> dict[str, Any]:
@@ -80,8 +89,9 @@ def test_each_acknowledgement_names_its_control_on_one_resource_with_a_reason(
 
 def test_what_was_a_defect_is_fixed_not_acknowledged(synthesized: Any) -> None:
     acknowledged = {control for control, *_ in suppressed(synthesized.outdir)}
-    assert not acknowledged & FIXED_CONTROLS
-    assert not FIXED_CONTROLS & set(GUARD_CONTROLS), "a fixed control must not be acknowledgeable"
+    assert not acknowledged & (FIXED_CONTROLS | STATED_DEFAULT_CONTROLS)
+    assert not (FIXED_CONTROLS | STATED_DEFAULT_CONTROLS) & set(GUARD_CONTROLS), \
+        "a fixed control must not be acknowledgeable"
     assert acknowledged == set(GUARD_CONTROLS)
     for name, template in synthesized.templates.items():
         for logical_id, resource in template["Resources"].items():
@@ -89,8 +99,33 @@ def test_what_was_a_defect_is_fixed_not_acknowledged(synthesized: Any) -> None:
             if resource["Type"] == "AWS::Logs::LogGroup":
                 # CT.CLOUDWATCH.PR.2: "retained for at least one year".
                 assert props["RetentionInDays"] >= 365, (name, logical_id)
-            if resource["Type"] == "AWS::SQS::Queue":
-                assert props["RedriveAllowPolicy"] == {"redrivePermission": "allowAll"}
+
+
+def bundled_rule(name: str) -> str:
+    """The text of one bundled Control Tower rule file (``ct-sqs-pr-1.guard``)."""
+    bundles = [f for f in files(GUARD_DISTRIBUTION) or () if str(f).endswith(".jsii.tgz")]
+    with tarfile.open(Path(str(bundles[0].locate()))) as tar:
+        [member] = [m for m in tar.getmembers() if m.name.endswith(f"/{name}")]
+        return tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+
+
+def test_ct_sqs_pr_1_passes_on_sqs_default_stated_not_on_a_fix(synthesized: Any) -> None:
+    """The failed-runs queue is a dead-letter store with no dead-letter queue of its own; it
+    states allowAll, SQS's default, which is what the rule skips — denyAll would fail it."""
+    rule = bundled_rule("ct-sqs-pr-1.guard")
+    assert 'let DLQ_REDRIVE_PERMISSION = ["allowAll", "byQueue"]' in rule
+    assert "redrivePermission not in %DLQ_REDRIVE_PERMISSION" in rule
+    queues = {(name, logical_id): resource["Properties"]
+              for name, template in synthesized.templates.items()
+              for logical_id, resource in template["Resources"].items()
+              if resource["Type"] == "AWS::SQS::Queue"}
+    assert queues, "not vacuous: the release-calendar stack's failed-runs queue"
+    for where, props in queues.items():
+        assert "failed-runs" in props["QueueName"], where
+        assert props["RedriveAllowPolicy"] == {"redrivePermission": "allowAll"}, where
+        # No dead-letter queue of its own, and no queue redrives into it: only the Lambda's
+        # on-failure destination and the EventBridge rules' dead-letter config send to it.
+        assert "RedrivePolicy" not in props, where
 
 
 def test_the_key_hands_out_grants_only_to_aws_services(synthesized: Any) -> None:
