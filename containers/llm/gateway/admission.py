@@ -2,16 +2,20 @@
 
 KV cache ≈ concurrent sequences × context length × bytes per token
 (docs/design-decisions.md#kv-grows-with-concurrency): a burst of long requests fills it and the
-engine preempts (evicts running sequences and recomputes them later), thrashes, or (with a memory
-spike on top) dies. So the gateway dispatches to the engine only what the engine's *real* pool
-(read from the engine after it started) holds under ``watermark``: each request reserves what it
-is *expected* to use — its prompt plus the answer length recent answers suggest, capped by its
-``max_tokens`` (:class:`gateway.forecast.OutputLengths`), in whole KV blocks — and vLLM's own
-scheduler absorbs the rest (its preemptions are counted). Requests are also classified by
-prompt + ``max_tokens`` into buckets S/M/L/XL, each with its own concurrency cap, so a burst of
-XL requests cannot take every slot from short ones (docs/design-decisions.md#request-buckets).
-A request of ``n`` choices reserves the answer's KV ``n`` times (the prompt's once) and counts as
-``n`` of the engine's running sequences (``max_num_seqs``); a cap counts it once.
+engine preempts (evicts running sequences and recomputes them later) or thrashes. The gateway
+dispatches to the engine by vLLM's own admission rule, on the engine's *real* pool (read from the
+engine after it started): a queued request goes when its prompt and the first token of each of
+its choices fit beside what the running requests **hold now** — their prompts and their answers
+so far, in whole KV blocks, counted as their streams grow. It holds back no more than vLLM
+would, so a burst's first tokens come as fast as on vLLM alone; vLLM's scheduler absorbs the
+answers' growth by preempting a few running sequences, and those are counted. ``watermark``
+bounds one request's *expected* end-state (its prompt plus the answer length recent answers
+suggest, capped by its ``max_tokens``: :class:`gateway.forecast.OutputLengths`): more than that
+share of the pool on its own never fits. Requests are also classified by prompt + ``max_tokens``
+into buckets S/M/L/XL, each with its own concurrency cap, so a burst of XL requests cannot take
+every slot from short ones (docs/design-decisions.md#request-buckets). A request of ``n`` choices
+holds the prompt once and ``n`` answers, and counts as ``n`` of the engine's running sequences
+(``max_num_seqs``); a cap counts it once.
 The buckets and their bounds are :mod:`request_buckets`' (fractions of ``max_model_len``), the
 same the GPU budget sizes and the dashboard draws.
 
@@ -61,7 +65,9 @@ LengthBucket = RequestBucket
 class RefusalReason(StrEnum):
     """Why a reservation cannot be made now."""
 
-    KV_WATERMARK = "kv_watermark"
+    KV_POOL = "kv_pool"
+    """The running requests hold so much of the pool now that this prompt does not fit (it
+    waits for dispatch; never a refusal)."""
     BUCKET_CAP = "bucket_cap"
     PROBE_LIMIT = "half_open_probe_limit"
     NEVER_FITS = "never_fits"
@@ -89,6 +95,7 @@ class KvReservation:
 
     bucket: LengthBucket
     tokens: int
+    """KV tokens held at dispatch: the prompt and the first token of each choice."""
     blocks: int
     ticket: int = 0
     """The controller's id of the request (0 for reservations made on the ledger directly)."""
@@ -111,8 +118,15 @@ class AdmissionLedger:
 
     @property
     def limit_blocks(self) -> int:
-        """Blocks admitted requests may reserve: watermark × the engine's pool."""
+        """The most one request is expected to hold at its end: watermark × the engine's pool
+        (more can only run by evicting everything else: it never fits)."""
         return math.floor(self.capacity.num_blocks * self.watermark)
+
+    @property
+    def pool_blocks(self) -> int:
+        """What the dispatched requests may hold together: the engine's whole pool, as vLLM's
+        scheduler admits a request whose prompt fits beside what the running ones hold."""
+        return self.capacity.num_blocks
 
     @property
     def total_inflight(self) -> int:
@@ -142,8 +156,8 @@ class AdmissionLedger:
             return RefusalReason.BUCKET_CAP
         if max_total_inflight is not None and self.total_inflight >= max_total_inflight:
             return RefusalReason.PROBE_LIMIT
-        if self.reserved_blocks + blocks > self.limit_blocks:
-            return RefusalReason.KV_WATERMARK
+        if self.reserved_blocks + blocks > self.pool_blocks:
+            return RefusalReason.KV_POOL
         return None
 
     def reserve(self, bucket: LengthBucket, tokens: int, *,
@@ -157,9 +171,15 @@ class AdmissionLedger:
         self.inflight[bucket] += 1
         return reservation
 
-    def release(self, reservation: KvReservation) -> None:
-        """Return a reservation's blocks and slot."""
-        self.reserved_blocks -= reservation.blocks
+    def grow(self, blocks: int) -> None:
+        """A dispatched request now holds ``blocks`` more (its answer grew into new blocks)."""
+        if blocks < 0:
+            raise ValueError(f"blocks must be >= 0, got {blocks}")
+        self.reserved_blocks += blocks
+
+    def release(self, reservation: KvReservation, *, grown_blocks: int = 0) -> None:
+        """Return a reservation's blocks (and the ``grown_blocks`` it grew by) and its slot."""
+        self.reserved_blocks -= reservation.blocks + grown_blocks
         self.inflight[reservation.bucket] -= 1
         if self.reserved_blocks < 0 or self.inflight[reservation.bucket] < 0:
             raise RuntimeError("admission ledger released more than it reserved")
@@ -208,7 +228,11 @@ class _Ticket:
     id: int
     request: AdmissionRequest
     tokens: int
-    """Reserved KV tokens: prompt + expected output."""
+    """KV tokens it holds when dispatched: its prompt and one token per choice (what vLLM's
+    scheduler allocates when it admits a request)."""
+    expected_tokens: int
+    """KV tokens it is expected to hold at its end: prompt + expected output per choice (more
+    than the pool: it can never be served)."""
     expected_output: int
     arrived_at: float
     forecast_ttft_s: float
@@ -224,7 +248,14 @@ class _Ticket:
     """When each choice's last delta came."""
     produced: int = 0
     """Output tokens over all its choices."""
+    held_blocks: int = 0
+    """KV blocks it holds now in the ledger: its prompt and its answers so far."""
     cached_tokens: int = 0
+
+    def blocks_now(self, block_size: int) -> int:
+        """The blocks its prompt, its answers so far and each choice's next token take."""
+        return blocks_for_tokens(self.request.prompt_tokens + self.produced
+                                 + self.request.sequences, block_size)
 
     @property
     def remaining_output(self) -> float:
@@ -310,10 +341,11 @@ class AdmissionController:
 
     def _ticket(self, request: AdmissionRequest, now: float) -> _Ticket:
         expected = self.lengths.expected(request.max_tokens)
-        tokens = request.prompt_tokens + request.sequences * expected
-        ticket = _Ticket(id=next(self._ids), request=request, tokens=tokens,
+        ticket = _Ticket(id=next(self._ids), request=request,
+                         tokens=request.prompt_tokens + request.sequences,
+                         expected_tokens=request.prompt_tokens + request.sequences * expected,
                          expected_output=expected, arrived_at=now, forecast_ttft_s=NEVER)
-        if (self.ledger.blocks_for(tokens) <= self.ledger.limit_blocks
+        if (self.ledger.blocks_for(ticket.expected_tokens) <= self.ledger.limit_blocks
                 and request.sequences <= self.max_running):
             *ahead, new = self._queued(ticket)
             ticket.raw_forecast_s = first_token_in_s(
@@ -321,7 +353,7 @@ class AdmissionController:
                 itertools.chain((item for t in self._queue for item in self._queued(t)),
                                 ahead), new,
                 rules=DispatchRules(
-                    limit_tokens=self.ledger.limit_blocks * self.ledger.capacity.block_size,
+                    limit_tokens=self.ledger.pool_blocks * self.ledger.capacity.block_size,
                     max_running=self.max_running,
                     bucket_caps=self.ledger.bucket_caps),
                 step_s=self.steps.step_s, first_token_s=self.first_token.seconds)
@@ -339,7 +371,7 @@ class AdmissionController:
     def _in_flight(self, ticket: _Ticket) -> Iterator[InFlight]:
         block = self.ledger.capacity.block_size
         remaining = ticket.remaining_output
-        yield InFlight(tokens=self.ledger.blocks_for(ticket.tokens) * block,
+        yield InFlight(tokens=ticket.held_blocks * block,
                        remaining_output=remaining, bucket=ticket.request.bucket,
                        prefill_tokens=(ticket.request.prompt_tokens
                                        if ticket.first_token_at is None else 0))
@@ -421,6 +453,7 @@ class AdmissionController:
             reservation = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
             reservation = KvReservation(reservation.bucket, reservation.tokens,
                                         reservation.blocks, ticket.id, ticket.forecast_ttft_s)
+            ticket.held_blocks = reservation.blocks
             ticket.dispatched_at = self.clock()
             ticket.prefill_ahead = sum(t.request.prompt_tokens for t in self._running.values()
                                        if t.first_token_at is None)
@@ -453,6 +486,10 @@ class AdmissionController:
             self.steps.observe(self.running_sequences, (now - last) / tokens, tokens)
         ticket.last_token_at[choice] = now
         ticket.produced += tokens
+        held = ticket.blocks_now(self.ledger.capacity.block_size)
+        if held > ticket.held_blocks:
+            self.ledger.grow(held - ticket.held_blocks)
+            ticket.held_blocks = held
 
     def _first_token(self, ticket: _Ticket, now: float) -> None:
         if ticket.arrived_at > 0:
@@ -469,8 +506,9 @@ class AdmissionController:
         answer over all its choices, as its usage counts them; ``capped`` when ``max_tokens``
         cut one of them): each of its ``n`` choices is one answer of ``completion_tokens / n``
         tokens. Dispatch what now fits."""
-        self.ledger.release(reservation)
         ticket = self._running.pop(reservation.ticket, None)
+        grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
+        self.ledger.release(reservation, grown_blocks=grown)
         if ticket is not None:
             self._running_sequences -= ticket.request.sequences
         if ticket is not None and completion_tokens is not None and ticket.produced > 0:

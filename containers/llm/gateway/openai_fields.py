@@ -67,7 +67,9 @@ FIELDS: tuple[FieldSupport, ...] = (
     FieldSupport("seed", "both", "accepted", ""),
     FieldSupport("stop", "both", "accepted", "up to 4 strings"),
     FieldSupport("n", "both", "accepted",
-                 "up to GATEWAY_MAX_N choices; admission reserves KV for each"),
+                 "up to GATEWAY_MAX_N choices (and ENGINE_MAX_NUM_SEQS); each is one of the "
+                 "engine's running sequences; above 1 needs a temperature above 0 (vLLM's rule "
+                 "for greedy sampling)"),
     FieldSupport("logprobs", "both", "accepted", "the sampled tokens' log-probabilities"),
     FieldSupport("top_logprobs", "both", "accepted", "0-20 alternatives per token (needs "
                  "logprobs)"),

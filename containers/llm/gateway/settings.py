@@ -106,7 +106,9 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     SettingSpec("GATEWAY_MAX_BODY_BYTES", "1048576", "Largest request body accepted (413 above)."),
     # --- admission --------------------------------------------------------------------------------
     SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
-                "Share of the engine's KV blocks that admitted requests may reserve, (0, 1]."),
+                "The most of the engine's KV blocks one request may be expected to hold at its "
+                "end (prompt + expected answers), (0, 1]; more never fits. Dispatch itself "
+                "follows vLLM's rule on the whole pool."),
     SettingSpec("GATEWAY_TTFT_SLO_S", "2.0",
                 "The time-to-first-token SLO admission serves within: a request whose forecast "
                 "first token would come later is refused at once with 429 and a Retry-After "

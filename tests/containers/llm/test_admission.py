@@ -47,13 +47,18 @@ def test_buckets_by_reserved_tokens(tokens: int, bucket: str) -> None:
     assert classify_bucket(tokens, BOUNDS) is LengthBucket(bucket)
 
 
-def test_watermark_limits_reserved_blocks() -> None:
-    book = ledger(blocks=100, watermark=0.9)  # 90 blocks may be reserved
-    assert book.limit_blocks == 90
+def test_what_the_running_requests_hold_now_limits_dispatch_in_the_whole_pool() -> None:
+    """vLLM's own rule: a prompt is dispatched when it fits beside what the running requests
+    hold now, in the whole pool; the watermark bounds one request's expected end-state."""
+    book = ledger(blocks=100, watermark=0.9)
+    assert book.limit_blocks == 90 and book.pool_blocks == 100
     first = book.reserve(LengthBucket.L, 60 * 16)
-    assert book.refusal(LengthBucket.L, 31 * 16) is RefusalReason.KV_WATERMARK
-    assert book.refusal(LengthBucket.L, 30 * 16) is None
-    book.release(first)
+    assert book.refusal(LengthBucket.L, 41 * 16) is RefusalReason.KV_POOL
+    assert book.refusal(LengthBucket.L, 40 * 16) is None
+    book.grow(5)  # its answer grew into five more blocks
+    assert book.refusal(LengthBucket.L, 36 * 16) is RefusalReason.KV_POOL
+    assert book.refusal(LengthBucket.L, 35 * 16) is None
+    book.release(first, grown_blocks=5)
     assert book.reserved_blocks == 0
     assert book.total_inflight == 0
 
@@ -105,7 +110,7 @@ def test_a_request_that_fits_is_dispatched_at_once() -> None:
         return reservation, admission.forecasts.samples
 
     reservation, _ = asyncio.run(scenario())
-    assert reservation.blocks == 63  # 1000 tokens in blocks of 16
+    assert reservation.blocks == 57  # its 900 prompt tokens and its first token, blocks of 16
     assert reservation.forecast_ttft_s == pytest.approx(0.010, rel=1e-3)
 
 
@@ -356,7 +361,7 @@ def test_three_choices_reserve_three_answers_and_wait_their_longest_remaining_ou
         return held, before, after
 
     held, before, after = asyncio.run(scenario())
-    assert held.tokens == 200 + 3 * 100
+    assert held.tokens == 200 + 3  # dispatched holding its prompt and each choice's first token
     assert before == pytest.approx(100 * 0.010 + 0.010, rel=1e-3)
     assert after == pytest.approx(60 * 0.010 + 0.010, rel=1e-2)  # not 100 - 120 tokens
 

@@ -22,9 +22,11 @@ def long_messages(tokenizer: ChatTokenizer, turns: int, seed: int) -> list[dict[
 
 def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_at_once(
         start_gateway: Any, chat_tokenizer: ChatTokenizer) -> None:
-    """80 blocks × 16 tokens, 0.9 watermark = 72 blocks; each request needs ~45 blocks, so one
-    runs at a time, 100 tokens × 5 ms = 0.5 s each. With a 1.2 s TTFT SLO the first three can
-    start in time; the others are refused on arrival with 429 and a Retry-After."""
+    """80 blocks × 16 tokens; each request's ~500-token prompt holds ~32 blocks and grows by 7
+    as it answers, so two run at a time (what the running ones hold now and the next prompt
+    fit the pool, vLLM's own rule), 100 tokens × 5 ms ≈ 0.55 s a wave. With a 1.2 s TTFT SLO
+    the first three waves (six requests) can start in time; of ten, the others are refused on
+    arrival with 429 and a Retry-After."""
     gateway: GatewayProcess = start_gateway({
         "ENGINE_MAX_MODEL_LEN": "1024", "ENGINE_NUM_GPU_BLOCKS": "80",
         "ENGINE_SIM_STEP_TIME_S": "0.005", "ENGINE_SIM_EOS_PROBABILITY": "0",
@@ -32,7 +34,7 @@ def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_a
     })
     gateway.wait_ready()
     bodies = [{"messages": long_messages(chat_tokenizer, 7, seed), "max_tokens": 100}
-              for seed in range(6)]
+              for seed in range(10)]
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as client:
@@ -44,7 +46,7 @@ def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_a
     statuses = sorted(response.status_code for response in responses)
     shed = [response for response in responses if response.status_code == 429]
     assert set(statuses) == {200, 429}, statuses
-    assert 2 <= statuses.count(200) <= 4, statuses
+    assert 4 <= statuses.count(200) <= 7, statuses
     for response in shed:
         assert int(response.headers["retry-after"]) >= 1
         error = response.json()["error"]

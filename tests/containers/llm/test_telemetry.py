@@ -60,7 +60,7 @@ def test_completed_request_line_carries_metrics_and_log_fields() -> None:
 def test_rejection_is_counted_per_bucket() -> None:
     sink, lines = telemetry()
     sink.request(RequestRecord(request_id="r", path="/invocations", started=0.0, status=429,
-                               outcome="rejected", bucket="XL", error_code="kv_watermark"))
+                               outcome="rejected", bucket="XL", error_code="kv_pool"))
     (document,) = parsed(lines)
     assert_valid_emf(document)
     assert document["AdmissionRejections"] == 1.0
