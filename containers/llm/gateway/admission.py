@@ -19,13 +19,14 @@ holds the prompt once and ``n`` answers, and counts as ``n`` of the engine's run
 The buckets and their bounds are :mod:`request_buckets`' (fractions of ``max_model_len``), the
 same the GPU budget sizes and the dashboard draws.
 
-What does not fit waits in a first-come-first-served queue, and is dispatched as reservations
-are released. Whether a request may join it is decided at once, on arrival: the controller
-forecasts its first token (:func:`gateway.forecast.first_token_in_s`) and refuses it — within
-milliseconds, with a Retry-After from the forecast — only when that would miss the TTFT SLO
-(docs/design-decisions.md#ttft-admission). A request never waits to be refused; one that waits
-past ``max_wait_s`` (the forecast was badly wrong) is the exception, counted as such. While the
-circuit breaker is half-open, the number of requests in flight is capped too (the probes).
+What does not fit waits in a first-come-first-served queue, and is dispatched as running
+requests finish and free what they hold. Whether a request may join it is decided at once, on
+arrival: the controller forecasts its first token (:func:`gateway.forecast.first_token_in_s`)
+and refuses it — within milliseconds, with a Retry-After from the forecast — only when that
+would miss the TTFT SLO (docs/design-decisions.md#ttft-admission). A request never waits to be
+refused; one that waits past ``max_wait_s`` (the forecast was badly wrong) is the exception,
+counted as such. While the circuit breaker is half-open, the number of requests in flight is
+capped too (the probes).
 
 :class:`AdmissionLedger` is the pure bookkeeping; :class:`AdmissionController` adds the queue, the
 forecast and what it learns from the streams.
@@ -63,7 +64,7 @@ LengthBucket = RequestBucket
 
 
 class RefusalReason(StrEnum):
-    """Why a reservation cannot be made now."""
+    """Why a request cannot be dispatched now, or is refused."""
 
     KV_POOL = "kv_pool"
     """The running requests hold so much of the pool now that this prompt does not fit (it
@@ -91,7 +92,8 @@ def classify_bucket(tokens: int, bounds: BucketBounds) -> LengthBucket:
 
 @dataclass(frozen=True)
 class KvReservation:
-    """Blocks held for one admitted request until it finishes."""
+    """One dispatched request's blocks at dispatch (what its answer grows into is counted on
+    the ledger as it streams), held until it finishes."""
 
     bucket: LengthBucket
     tokens: int
@@ -104,7 +106,8 @@ class KvReservation:
 
 
 class AdmissionLedger:
-    """Reserved blocks and in-flight counts per bucket, against a watermark of the pool."""
+    """Blocks the dispatched requests hold now and in-flight counts per bucket, against the
+    engine's whole pool (and, for one request's expected end-state, the watermark)."""
 
     def __init__(self, capacity: KvCapacity, *, watermark: float,
                  bucket_caps: Mapping[str, int]) -> None:
@@ -135,20 +138,24 @@ class AdmissionLedger:
 
     @property
     def reserved_share(self) -> float:
-        """Reserved blocks as a share of the whole pool (0-1)."""
+        """Blocks the dispatched requests hold now as a share of the whole pool (the gauge line's
+        ``kv_reserved_share``); briefly above 1 while their answers outgrow the pool and vLLM
+        preempts."""
         return self.reserved_blocks / self.capacity.num_blocks
 
     def set_capacity(self, capacity: KvCapacity) -> None:
-        """Adopt the pool of a (re)built engine; reservations already held stay counted."""
+        """Adopt the pool of a (re)built engine; blocks already held stay counted."""
         self.capacity = capacity
 
     def blocks_for(self, tokens: int) -> int:
-        """Blocks a reservation of ``tokens`` takes in the current pool."""
+        """Blocks ``tokens`` tokens take in the current pool."""
         return blocks_for_tokens(tokens, self.capacity.block_size)
 
     def refusal(self, bucket: LengthBucket, tokens: int, *,
                 max_total_inflight: int | None = None) -> RefusalReason | None:
-        """Why ``tokens`` in ``bucket`` cannot be reserved now, or None if it can."""
+        """Why a request holding ``tokens`` at dispatch in ``bucket`` cannot be dispatched now
+        (``KV_POOL``: it does not fit beside what the running requests hold), or None if it
+        can."""
         blocks = self.blocks_for(tokens)
         if blocks > self.limit_blocks:
             return RefusalReason.NEVER_FITS
@@ -162,7 +169,7 @@ class AdmissionLedger:
 
     def reserve(self, bucket: LengthBucket, tokens: int, *,
                 max_total_inflight: int | None = None) -> KvReservation:
-        """Book the reservation; ValueError if :meth:`refusal` would refuse it."""
+        """Book a dispatch's blocks and slot; ValueError if :meth:`refusal` would refuse it."""
         reason = self.refusal(bucket, tokens, max_total_inflight=max_total_inflight)
         if reason is not None:
             raise ValueError(f"cannot reserve {tokens} tokens in bucket {bucket}: {reason}")
@@ -232,7 +239,7 @@ class _Ticket:
     scheduler allocates when it admits a request)."""
     expected_tokens: int
     """KV tokens it is expected to hold at its end: prompt + expected output per choice (more
-    than the pool: it can never be served)."""
+    than the watermark's share of the pool: it never fits)."""
     expected_output: int
     arrived_at: float
     forecast_ttft_s: float
@@ -363,11 +370,11 @@ class AdmissionController:
         return ticket
 
     # The replay (gateway.forecast) counts each entry as one running sequence, so a request of
-    # n choices is handed to it as n entries: the request itself, with its reservation, bucket
+    # n choices is handed to it as n entries: the request itself, with the KV it holds, bucket
     # and prompt, and n - 1 further choices keyed apart from the buckets (a cap counts
     # requests), holding no KV of their own. Running, they finish together. Queued, the choices
-    # come first and the first of them carries the reservation, so the request is dispatched
-    # only when its KV and its n sequences fit.
+    # come first and the first of them carries the KV it takes at dispatch, so the request is
+    # dispatched only when its prompt's KV and its n sequences fit.
     def _in_flight(self, ticket: _Ticket) -> Iterator[InFlight]:
         block = self.ledger.capacity.block_size
         remaining = ticket.remaining_output
@@ -432,9 +439,10 @@ class AdmissionController:
 
     # --- dispatch ---
     def dispatch(self) -> None:
-        """Dispatch queued requests first come, first served while their reservations fit (one
-        blocked only by its bucket's cap lets the ones behind it pass); ``max_running`` caps the
-        sequences running, ``n`` for a request of ``n`` choices."""
+        """Dispatch queued requests first come, first served while each one's prompt (and one
+        token per choice) fits beside what the running requests hold now in the whole pool,
+        vLLM's own rule (one blocked only by its bucket's cap lets the ones behind it pass);
+        ``max_running`` caps the sequences running, ``n`` for a request of ``n`` choices."""
         index = 0
         while index < len(self._queue):
             ticket = self._queue[index]
@@ -502,10 +510,11 @@ class AdmissionController:
 
     def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
                 capped: bool = False) -> None:
-        """Return a reservation; learn the answer's length (``completion_tokens`` of a real
-        answer over all its choices, as its usage counts them; ``capped`` when ``max_tokens``
-        cut one of them): each of its ``n`` choices is one answer of ``completion_tokens / n``
-        tokens. Dispatch what now fits."""
+        """Free what a request holds (its blocks at dispatch and what its answer grew into) and
+        its slot; learn the answer's length (``completion_tokens`` of a real answer over all its
+        choices, as its usage counts them; ``capped`` when ``max_tokens`` cut one of them): each
+        of its ``n`` choices is one answer of ``completion_tokens / n`` tokens. Dispatch what now
+        fits."""
         ticket = self._running.pop(reservation.ticket, None)
         grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
         self.ledger.release(reservation, grown_blocks=grown)

@@ -102,7 +102,8 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
                 "Bound of the per-message token cache, in cached tokens (LRU)."),
     SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),
     SettingSpec("GATEWAY_MAX_N", "4",
-                "Most choices (`n`) one request may ask for; admission reserves KV for each."),
+                "Most choices (`n`) one request may ask for; each is one of the engine's "
+                "running sequences and holds its own answer's KV."),
     SettingSpec("GATEWAY_MAX_BODY_BYTES", "1048576", "Largest request body accepted (413 above)."),
     # --- admission --------------------------------------------------------------------------------
     SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
