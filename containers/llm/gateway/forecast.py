@@ -2,10 +2,11 @@
 
 Admission refuses a request at once, and only when its first token would miss the TTFT SLO
 (docs/design-decisions.md#ttft-admission). To know that, the gateway replays its own dispatch
-forward in time: the requests running on the engine each emit a token per step, a step takes
-longer the more sequences run, each finished request returns its KV reservation, and the queue
-is served first come, first served as reservations fit (the same rule
-:class:`gateway.admission.AdmissionController` dispatches by). The new request's first token
+forward in time: the requests running on the engine each emit a token per step and hold one
+more KV token for it, a step takes longer the more sequences run, a finished request frees what
+it holds, and the queue is served first come, first served as prompts fit beside what the
+running requests hold (the same rule :class:`gateway.admission.AdmissionController` dispatches
+by, counting what the streams grew). The new request's first token
 comes after its own dispatch and its time from dispatch to first token.
 
 Both times are what the gateway itself observes of the engine, under whatever load there is,
@@ -190,7 +191,7 @@ class InFlight:
     """A dispatched request, as the replay sees it."""
 
     tokens: int
-    """KV tokens its reservation holds."""
+    """KV tokens it holds now (its prompt and its answer so far); it grows by one a step."""
     remaining_output: float
     """Tokens it is still expected to generate."""
     bucket: Hashable
@@ -203,6 +204,7 @@ class Queued:
     """A request waiting for dispatch (or the new one)."""
 
     tokens: int
+    """KV tokens it takes when dispatched (its prompt); it grows by one a step from then."""
     prompt_tokens: int
     output_tokens: float
     bucket: Hashable
@@ -210,7 +212,8 @@ class Queued:
 
 @dataclass(frozen=True)
 class DispatchRules:
-    """What limits dispatch: reservable KV tokens, sequences, per-bucket concurrency."""
+    """What limits dispatch: KV tokens the running requests may hold, sequences, per-bucket
+    concurrency."""
 
     limit_tokens: int
     max_running: int
@@ -233,7 +236,9 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
 
     Replays first-come-first-served dispatch (a request blocked only by its bucket's cap lets
     the ones behind it pass, as the controller does) while the running requests emit a token
-    every ``step_s(running)`` seconds (a pace measured with the engine's prefills in it); a
+    every ``step_s(running)`` seconds (a pace measured with the engine's prefills in it) and
+    hold one more KV token for each (so a queued prompt waits for what the running answers will
+    hold when one of them ends, as the controller's ledger counts it); a
     dispatched request's first token comes ``first_token_s(tokens)`` after its dispatch for its
     own prompt tokens, or, when prefills dispatched before it are still running, its own
     prompt's share of that time after the last of them: the engine prefills one after another,
@@ -242,13 +247,15 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
     """
     if new.tokens > rules.limit_tokens:
         return NEVER
-    heap: list[tuple[float, int, int, Hashable]] = []
-    used = 0
+    # (finish, order, tokens at entry, bucket, decoded at entry): a running entry holds
+    # tokens at entry + (decoded - decoded at entry) as the replay decodes.
+    heap: list[tuple[float, int, int, Hashable, float]] = []
+    used = 0.0
     running_in: dict[Hashable, int] = {}
     prefilled_at = 0.0  # when the prefills dispatched so far are done (their last first token)
     now = decoded = 0.0
     for order, flight in enumerate(in_flight):
-        heapq.heappush(heap, (flight.remaining_output, order, flight.tokens, flight.bucket))
+        heapq.heappush(heap, (flight.remaining_output, order, flight.tokens, flight.bucket, 0.0))
         used += flight.tokens
         running_in[flight.bucket] = running_in.get(flight.bucket, 0) + 1
         if flight.prefill_tokens:
@@ -273,11 +280,12 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
             running_in[item.bucket] = running_in.get(item.bucket, 0) + 1
             order += 1
             heapq.heappush(heap, (decoded + max(1.0, item.output_tokens), order, item.tokens,
-                                  item.bucket))
+                                  item.bucket, decoded))
         if not heap:
             return NEVER  # cannot happen while new fits an empty pool; never spin
-        finish, _, tokens, bucket = heapq.heappop(heap)
+        finish, _, tokens, bucket, entered = heapq.heappop(heap)
         now += (finish - decoded) * step_s(len(heap) + 1)
+        used += (finish - decoded) * (len(heap) + 1)  # every running sequence grew
         decoded = finish
-        used -= tokens
+        used -= tokens + (finish - entered)
         running_in[bucket] -= 1
