@@ -3,7 +3,7 @@
 Seed 001 asks for at least 60 concurrent conversations per GPU (story 1) and 30+ turns within
 the SLA (story 5). A 30-turn conversation with retrieved context fills the gateway's whole window
 (the system prompt, the retrieved context and the newest turns up to their shares, plus the
-default ``max_tokens``), and the gateway reserves all of it in the KV pool. This module counts
+default ``max_tokens``), and at its end it holds all of it in the KV pool. This module counts
 such conversations per GPU for the configuration as it is and for the three levers the issue
 names, alone and together:
 

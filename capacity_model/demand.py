@@ -2,8 +2,8 @@
 
 **The mix** is the share of requests in each request-size bucket (:mod:`request_buckets`: S, M,
 L, XL by prompt + ``max_tokens``, fractions of ``max_model_len``) with each bucket's typical
-prompt, ``max_tokens`` and generated tokens. The gateway reserves prompt + ``max_tokens`` of KV
-for every admitted request (its worst case), so that is what bounds how many fit; the *generated*
+prompt, ``max_tokens`` and generated tokens. A request can hold prompt + ``max_tokens`` of KV at
+its end (its worst case), so that is what bounds how many fit for sure; the *generated*
 tokens are what the GPU spends decode steps on, so that is what bounds how many per minute.
 Each typical prompt also says how much of it is the product's **system prompt** (the same for
 every conversation: always in the prefix cache) and how much is **earlier conversation**
@@ -57,7 +57,7 @@ class BucketDemand:
 
     @property
     def reserved_tokens(self) -> int:
-        """What the gateway reserves for it: prompt + ``max_tokens``."""
+        """The most KV it holds, at its end: prompt + ``max_tokens``."""
         return self.prompt_tokens + self.max_tokens
 
     def cached_tokens(self, block_size: int, history_reuse: float) -> float:
@@ -97,7 +97,7 @@ class RequestMix:
         return sum(d.share * d.cached_tokens(block_size, history_reuse) for d in self.demands)
 
     def mean_reserved_blocks(self, block_size: int) -> float:
-        """Share-weighted KV blocks the gateway reserves per admitted request."""
+        """Share-weighted KV blocks a request holds at its end (prompt + ``max_tokens``)."""
         return sum(d.share * blocks_for(d.reserved_tokens, block_size) for d in self.demands)
 
     def share_of(self, bucket: RequestBucket | str) -> float:
@@ -252,7 +252,7 @@ class ConversationRequest:
 
     @property
     def reserved_tokens(self) -> int:
-        """prompt + ``max_tokens``: what admission reserves."""
+        """prompt + ``max_tokens``: the most KV it holds, at its end."""
         return self.prompt_tokens + self.max_tokens
 
 

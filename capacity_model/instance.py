@@ -2,8 +2,10 @@
 
 Three limits bound how many requests one engine should hold at once, and the smallest wins:
 
-* **the KV pool** — the gateway admits a request only when its reservation (prompt +
-  ``max_tokens``, whole blocks) fits under ``watermark`` × the pool the GPU budget planned;
+* **the KV pool** — every request at its worst case (prompt + ``max_tokens``, whole blocks)
+  under ``watermark`` × the pool the GPU budget planned: a conservative bound (the gateway
+  dispatches a prompt when it fits beside what the running requests hold now, and vLLM
+  preempts as answers grow);
 * **the engine's** ``max_num_seqs`` — the GPU budget sized it (the sampler's memory grows with
   it); requests beyond it wait inside vLLM;
 * **the latency SLOs** — the largest batch whose time-per-output-token p99 and the time to

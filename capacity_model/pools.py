@@ -3,8 +3,8 @@
 
 The ops article behind the request buckets recommends separating "long-context and short-query
 traffic into different pools" (docs/design-decisions.md#watch-memory-queue-ttft). What that buys
-here is not memory safety (the gateway's admission already reserves KV per bucket) but latency:
-an XL conversation turn prefills ~1,800 tokens, and every short request queued behind it waits;
+here is not memory safety (the gateway's buckets already cap each size's concurrency) but latency:
+an XL conversation turn prefills ~1,740 tokens, and every short request queued behind it waits;
 in a pool of its own the short requests batch deep and the XL turns get a GPU sized for them.
 
 :func:`evaluate_pools` sizes each pool of an option with the same capacity model the endpoint

@@ -675,8 +675,9 @@ class LlmCapacitySettings(_Strict):
     )
     admission_watermark: float = Field(
         0.9, gt=0, le=1,
-        description="Share of the KV pool admitted requests may reserve (GATEWAY_ADMISSION_"
-        "WATERMARK); the rest absorbs prefix-cache and preemption slack.",
+        description="Share of the KV pool one request may be expected to hold at its end "
+        "(GATEWAY_ADMISSION_WATERMARK; more never fits), and the share the capacity model sizes "
+        "the bucket caps and the KV limit within (each request at prompt + max_tokens).",
     )
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     rates: RateChoiceSettings = Field(default_factory=RateChoiceSettings)
