@@ -118,7 +118,10 @@ class EngineSupervisor:
         self.recovering_since = now
         self._ready.clear()
         self.crash_loop.record(now)
-        self._on_death(generation, error)
+        # What killed the engine, as it recorded it: the first report may come from a request
+        # that only saw "engine is dead" while another held the out-of-memory error.
+        recorded = self.engine.dead_error if self.engine is not None else None
+        self._on_death(generation, recorded or error)
         self._spawn(self._rebuild(), "engine-rebuild")
         return True
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.engines.base import EngineDead, EngineError, InferenceEngine
+from gateway.engines.base import EngineDead, EngineError, EngineOutOfMemory, InferenceEngine
 from gateway.engines.sim import SimEngine
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
@@ -124,3 +124,28 @@ def test_the_watcher_notices_an_idle_death() -> None:
     sup = asyncio.run(scenario())
     assert sup.generation == 1
     assert sup.crash_loop.deaths_in_window(sup.recovering_since or 0.0) <= 1
+
+
+def test_a_death_is_counted_with_what_killed_the_engine_not_what_the_first_reporter_saw() -> None:
+    """The OOM reaches the requests in flight as EngineOutOfMemory; a request that arrives just
+    after sees only "engine is dead" and may report first. The trip carries the engine's own
+    cause."""
+    events: list[Any] = []
+
+    async def scenario() -> None:
+        factory = FlakyFactory(failures=0)
+        sup = supervisor(factory, events=events)
+        engine = await sup.start()
+        assert isinstance(engine, SimEngine)
+        sup._watch_interval_s = 60.0  # the report below comes first, not the watcher's
+        engine.inject_oom("mid-step")
+        for _ in range(200):
+            if engine.is_dead:
+                break
+            await asyncio.sleep(0.001)
+        assert sup.report_death(0, EngineDead("engine is dead")) is True
+        await sup.wait_ready(5.0)
+        await sup.close()
+
+    asyncio.run(scenario())
+    assert [e for e in events if e[0] == "death"] == [("death", 0, EngineOutOfMemory)]
