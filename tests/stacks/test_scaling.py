@@ -62,7 +62,11 @@ def test_every_scalable_target_carries_the_tag_the_instance_switch_deregisters_b
     """tools/instance_switch.py deregisters a variant by its resource id, as the deploy role,
     whose DeregisterForAnInstanceTypeChange statement allows it only on scalable targets tagged
     ``Environment=<tags.Environment>`` (tools/deploy_role.py): a target without that tag would
-    be refused and an instance-type change would stop make deploy."""
+    be refused and an instance-type change would stop make deploy. Application Auto Scaling
+    authorizes its actions on a scalable target by the target's tags through
+    ``aws:ResourceTag/<key>`` ("Tagging support for Application Auto Scaling",
+    https://docs.aws.amazon.com/autoscaling/application/userguide/resource-tagging-support.html),
+    and CloudFormation's ``Tags`` on AWS::ApplicationAutoScaling::ScalableTarget are those tags."""
     from tools.deploy_role import deploy_role_policy
     from tools.instance_switch import SCALABLE_DIMENSION, configured_variants
 

@@ -326,7 +326,13 @@ def test_after_a_promotion_the_attached_deploy_role_policy_allows_the_next_prefl
     """The deploy role's policy is attached by hand (docs/delivery.md), so the one built before a
     promotion must still allow the pipeline's next preflight on the new prefix: the S3
     statements cover artifacts.models_prefix, the settings keep every served prefix inside it
-    and quantization's prefixes outside, and the policy is the same before and after."""
+    and quantization's prefixes outside, and the policy is the same before and after.
+
+    The AWS rules the calls are decided by: ListBucket is authorized on the bucket's ARN with
+    the ``s3:prefix`` condition key, GetObject/PutObject on the object's ARN
+    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html,
+    "Actions, resources, and condition keys for Amazon S3"); no allow is a deny
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])

@@ -6,8 +6,8 @@ forward in time: the requests running on the engine each emit a token per step a
 more KV token for it, a step takes longer the more sequences run, a finished request frees what
 it holds, and the queue is served first come, first served as prompts fit beside what the
 running requests hold (the same rule :class:`gateway.admission.AdmissionController` dispatches
-by, counting what the streams grew). The new request's first token
-comes after its own dispatch and its time from dispatch to first token.
+by, counting what the streams grew). The new request's first token comes after its own
+dispatch and its time from dispatch to first token.
 
 Both times are what the gateway itself observes of the engine, under whatever load there is,
 never a per-GPU assumption (on a shared CPU, separate prefill and decode rates measured at idle
