@@ -398,13 +398,15 @@ class AdmissionController:
                                  output_tokens=ticket.expected_output, bucket=request.bucket)]
 
     async def acquire(self, request: AdmissionRequest, *, max_wait_s: float,
-                      max_total_inflight: Callable[[], int | None] = lambda: None
-                      ) -> KvReservation:
+                      max_total_inflight: Callable[[], int | None] = lambda: None,
+                      by_forecast: bool = True) -> KvReservation:
         """Refuse at once (AdmissionRejected) or queue and return the reservation once
-        dispatched; AdmissionRejected(QUEUE_TIMEOUT) after ``max_wait_s`` in the queue."""
+        dispatched; AdmissionRejected(QUEUE_TIMEOUT) after ``max_wait_s`` in the queue.
+        ``by_forecast=False`` (warmup): never refused for a forecast past the TTFT SLO — warmup
+        is what teaches the forecast, and a warmup refused by it could never complete."""
         now = self.clock()
         ticket = self._ticket(request, now)
-        self._refuse_on_arrival(ticket, max_total_inflight())
+        self._refuse_on_arrival(ticket, max_total_inflight(), by_forecast=by_forecast)
         ticket.future = asyncio.get_running_loop().create_future()
         self._queue.append(ticket)
         self.dispatch()
@@ -425,13 +427,14 @@ class AdmissionController:
                 self.release(ticket.future.result())
             raise
 
-    def _refuse_on_arrival(self, ticket: _Ticket, probe_limit: int | None) -> None:
+    def _refuse_on_arrival(self, ticket: _Ticket, probe_limit: int | None, *,
+                           by_forecast: bool) -> None:
         request = ticket.request
         if ticket.forecast_ttft_s == NEVER:
             raise AdmissionRejected(RefusalReason.NEVER_FITS, request.bucket, 0.0)
         if probe_limit is not None and len(self._running) + len(self._queue) >= probe_limit:
             raise AdmissionRejected(RefusalReason.PROBE_LIMIT, request.bucket, 0.0)
-        if ticket.forecast_ttft_s > self.ttft_slo_s:
+        if by_forecast and ticket.forecast_ttft_s > self.ttft_slo_s:
             raise AdmissionRejected(
                 RefusalReason.TTFT_SLO, request.bucket, 0.0,
                 retry_after_s=ticket.forecast_ttft_s - self.ttft_slo_s,

@@ -536,7 +536,8 @@ class ChatService:
         try:
             reservation = await self.admission.acquire(
                 request, max_wait_s=remaining,
-                max_total_inflight=lambda: self.breaker.max_inflight(self.clock()))
+                max_total_inflight=lambda: self.breaker.max_inflight(self.clock()),
+                by_forecast=not record.warmup)
         except AdmissionRejected as rejected:
             record.queue_wait_s = self.clock() - started
             record.forecast_ttft_s = rejected.forecast_ttft_s

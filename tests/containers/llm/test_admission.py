@@ -443,3 +443,23 @@ def test_more_choices_than_the_engine_runs_at_once_are_a_400_naming_n(make_runti
                                              max_tokens=12, n=3), new_record())
     assert caught.value.status == 400 and caught.value.param == "n"
     assert "at most 2 are accepted" in caught.value.message
+
+
+def test_warmup_is_queued_not_refused_by_the_forecast() -> None:
+    """Warmup teaches the forecast; refused by it (a loaded machine, a long warmup prompt) it
+    could never complete and /ping would never turn healthy. It queues and is dispatched."""
+    async def scenario() -> tuple[AdmissionRejected, KvReservation]:
+        admission = controller(slo_s=0.5)
+        held = await admission.acquire(request(1300), max_wait_s=1.0)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(request(1300), max_wait_s=5.0)
+        waiting = asyncio.ensure_future(
+            admission.acquire(request(1300), max_wait_s=5.0, by_forecast=False))
+        await asyncio.sleep(0)
+        assert admission.waiting == 1  # queued behind the running one, not refused
+        admission.release(held)
+        return caught.value, await waiting
+
+    rejected, warmup = asyncio.run(scenario())
+    assert rejected.reason is RefusalReason.TTFT_SLO
+    assert warmup.blocks > 0
