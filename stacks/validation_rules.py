@@ -1,7 +1,7 @@
 """The ids the policy-validation plugins use, and the bar for a reason (pure: no CDK import).
 
 ``stacks.nag`` registers the plugins and writes acknowledgements with these; the summary line of
-``make synth`` (``tools/validation_summary.py``) reads the report with them without starting jsii.
+``make synth`` (``checks/validation_summary.py``) reads the report with them without starting jsii.
 """
 
 from __future__ import annotations

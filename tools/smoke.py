@@ -10,7 +10,7 @@ intent endpoint gets a batch. Answers, routing, the fallback flag, latency and t
 token are judged against ``smoke`` in config/<env>.yaml (tools/smoke_checks.py). Prints a table
 and one line per failure; exit 0 when every check passed, 1 otherwise, 2 on bad arguments.
 Endpoint names default to the ones the stacks create; ``--endpoint-url`` points botocore at
-another runtime (the local stand-in, tools/runtime_standin.py).
+another runtime (the local stand-in, tests/support/runtime_standin.py).
 """
 
 from __future__ import annotations

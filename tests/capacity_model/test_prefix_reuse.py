@@ -157,11 +157,11 @@ def measured() -> dict[str, Any]:
 
 def served_layout(document: dict[str, Any]) -> tuple[PromptLayout, dict[str, int], int]:
     """The template's token costs, measured with the gateway's own tokenizer on the tiny model
-    the benchmark served (tools/tiny_llama.py): fixed tokens (BOS + the assistant header),
+    the benchmark served (tests/support/tiny_llama.py): fixed tokens (BOS + the assistant header),
     each role's overhead, the marker's size for each count."""
     from gateway.service import MARKER_TEMPLATE
     from gateway.tokenizer import ChatTokenizer
-    from tools.tiny_llama import cached_model_dir
+    from tests.support.tiny_llama import cached_model_dir
 
     model_dir = cached_model_dir(REPO_ROOT / ".cache" / "fixtures",
                                  max_position_embeddings=max(

@@ -10,7 +10,7 @@ import pytest
 
 from quantization.calibration import MangaQARecord, load_manga_qa_jsonl
 from quantization.scoring import EvalItem, TitleCatalog, load_eval_set, load_title_catalog
-from tools.tiny_llama import build_tiny_llama, build_tiny_llama3_tokenizer
+from tests.support.tiny_llama import build_tiny_llama, build_tiny_llama3_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "quantization" / "data"

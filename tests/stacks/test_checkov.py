@@ -12,8 +12,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
 
-from stacks.nag import acknowledge_checkov
-from tools.checkov_scan import (
+from checks.checkov_scan import (
     DEFAULT_CHECKOV,
     MIN_REASON_CHARS,
     CheckovError,
@@ -21,6 +20,7 @@ from tools.checkov_scan import (
     parse_report,
     run_checkov,
 )
+from stacks.nag import acknowledge_checkov
 
 
 @pytest.fixture(scope="session")

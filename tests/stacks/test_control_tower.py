@@ -39,9 +39,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_logs as logs
 
+from checks.validation_summary import GUARD_DISTRIBUTION, guard_release, main, summary_line
 from stacks.nag import acknowledge_guard, add_nag_checks, summarize_validation_report
 from stacks.validation_rules import GUARD_CONTROLS, GUARD_PLUGIN, UNREADABLE_VALUE
-from tools.validation_summary import GUARD_DISTRIBUTION, guard_release, main, summary_line
 
 FIXED_CONTROLS = {"CT.KMS.PR.3", "CT.CLOUDWATCH.PR.2"}
 STATED_DEFAULT_CONTROLS = {"CT.SQS.PR.1"}
@@ -220,9 +220,9 @@ def test_acknowledged_it_passes_and_the_summary_counts_it(tmp_path: Path,
 def test_the_docstring_example_is_the_synthesized_apps_line_in_general_form(
     synthesized: Any,
 ) -> None:
-    """tools/validation_summary.py's docstring shows the line with placeholders; filled with the
+    """checks/validation_summary.py's docstring shows the line with placeholders; filled with the
     synthesized app's counts it is the line the tool prints."""
-    import tools.validation_summary as tool
+    import checks.validation_summary as tool
 
     report = json.loads((synthesized.outdir / "validation-report.json").read_text())
     line, _ = summary_line(report)

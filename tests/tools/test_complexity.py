@@ -1,4 +1,4 @@
-"""The complexity gate (tools/complexity.py, in `make lint`): what it measures, how the
+"""The complexity gate (checks/complexity.py, in `make lint`): what it measures, how the
 allow-list tolerates today's offenders and nothing more, and that the repository passes it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.complexity import (
+from checks.complexity import (
     AllowlistError,
     Measured,
     judge,

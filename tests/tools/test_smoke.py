@@ -21,9 +21,9 @@ from botocore.eventstream import EventStreamBuffer
 from stacks.settings import load_settings
 from tests.containers.intent.conftest import free_port, server_env, wait_until_ready
 from tests.containers.llm.harness import GatewayProcess
+from tests.support.eventstream import model_stream_error, payload_part
+from tests.support.runtime_standin import RuntimeStandin, StandinConfig
 from tools import smoke as smoke_module
-from tools.eventstream import model_stream_error, payload_part
-from tools.runtime_standin import RuntimeStandin, StandinConfig
 from tools.smoke import _session, main
 from tools.smoke_checks import judge_session
 

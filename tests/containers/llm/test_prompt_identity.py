@@ -29,7 +29,7 @@ from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.harness import chat_request, make_settings, new_record
-from tools.tiny_llama import MANGA_QA, build_tiny_llama3_tokenizer
+from tests.support.tiny_llama import MANGA_QA, build_tiny_llama3_tokenizer
 
 FRAGMENTS: tuple[str, ...] = (
     *MANGA_CORPUS_EN[:8], *MANGA_CORPUS_JA[:8],

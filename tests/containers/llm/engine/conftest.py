@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tools.cpu_engine import (
+from tests.support.cpu_engine import (
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -26,7 +26,7 @@ from tools.cpu_engine import (
     gateway_env,
     vllm_server_command,
 )
-from tools.tiny_llama import AdapterFixture, cached_model_dir
+from tests.support.tiny_llama import AdapterFixture, cached_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 FIXTURE_CACHE = REPO_ROOT / ".cache" / "fixtures"

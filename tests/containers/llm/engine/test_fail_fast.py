@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.containers.llm.engine.conftest import Servers
-from tools.cpu_engine import EngineConfig, Served, ServerProcess
+from tests.support.cpu_engine import EngineConfig, Served, ServerProcess
 
 pytestmark = pytest.mark.engine
 

@@ -24,7 +24,7 @@ import pytest
 
 import metrics_contract as mc
 from tests.containers.llm.engine.conftest import Servers, emf_values
-from tools.cpu_engine import EngineConfig, ServerProcess, engine_core_pid
+from tests.support.cpu_engine import EngineConfig, ServerProcess, engine_core_pid
 
 pytestmark = pytest.mark.engine
 CONCURRENT = 32

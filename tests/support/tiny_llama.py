@@ -12,7 +12,7 @@ Who uses it: the quantization tests (AWQ on CPU), the real-engine test tier (vLL
 loads this directory, adapters included) and ``benchmarks/gateway_vs_vllm.py``.
 :func:`cached_model_dir` builds a directory once per content key and reuses it.
 
-    python -m tools.tiny_llama OUT_DIR [--max-positions 1024] [--adapter manga_domain:8 ...]
+    python -m tests.support.tiny_llama OUT_DIR [--max-positions 1024] [--adapter manga_domain:8 ...]
 
 torch, transformers and safetensors are imported inside the functions that need them.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from prompts import LLAMA3_BOS, LLAMA3_EOT, LLAMA3_INSTRUCT_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MANGA_QA = REPO_ROOT / "quantization" / "data" / "manga_qa.jsonl"
 
 HIDDEN_SIZE = 256
@@ -218,7 +218,7 @@ def _adapter(text: str) -> AdapterFixture:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build a tiny model directory (with adapters) at OUT_DIR."""
-    parser = argparse.ArgumentParser(prog="python -m tools.tiny_llama", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tests.support.tiny_llama", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--max-positions", type=int, default=1024,

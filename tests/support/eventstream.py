@@ -2,7 +2,7 @@
 
 SageMaker's ``InvokeEndpointWithResponseStream`` answers with a binary event stream whose events
 are ``PayloadPart`` (``Bytes``: a piece of the container's response) or an exception such as
-``ModelStreamError``. The local runtime stand-in (``tools/runtime_standin.py``) writes this
+``ModelStreamError``. The local runtime stand-in (``tests/support/runtime_standin.py``) writes this
 framing so that botocore's own event-stream parser reads it, CRCs included.
 
 A message is: prelude (total length u32, headers length u32), prelude CRC32, headers, payload,

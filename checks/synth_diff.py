@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Show what a change does to the infrastructure: synth a base git ref and the working tree, diff.
 
-    python tools/synth_diff.py --base origin/main [--env dev] [--fail]
+    python -m checks.synth_diff --base origin/main [--env dev] [--fail]
 
 The base ref is checked out into a temporary git worktree and synthesized offline with this
 checkout's virtual environment; the working tree is synthesized as it is, uncommitted changes

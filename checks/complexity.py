@@ -1,8 +1,8 @@
 """The complexity gate: no function outside tests/ above cyclomatic complexity 20 (radon).
 
-    python -m tools.complexity                 # every Python file git knows, tests/ excepted
-    python -m tools.complexity stacks tools    # only these files or folders
-    # [--max 20] [--allowlist tools/complexity_allowlist.txt]
+    python -m checks.complexity                 # every Python file git knows, tests/ excepted
+    python -m checks.complexity stacks tools    # only these files or folders
+    # [--max 20] [--allowlist checks/complexity_allowlist.txt]
 
 Cyclomatic complexity is radon's count (1 + each branch: if/elif, loop, except, boolean operator,
 comprehension clause, ...), measured for every function, method, nested function and method of a
@@ -31,7 +31,7 @@ from radon.visitors import Class, Function
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_COMPLEXITY = 20
 """radon's rank D starts at 21: 'more than moderate risk, a complex block'."""
-ALLOWLIST = REPO_ROOT / "tools" / "complexity_allowlist.txt"
+ALLOWLIST = REPO_ROOT / "checks" / "complexity_allowlist.txt"
 EXCLUDED_FOLDERS = frozenset({"tests", "node_modules", "cdk.out", "build", "dist",
                               "__pycache__"})
 """Never measured (tests, installed or generated code); folders starting with '.' neither."""
@@ -195,7 +195,7 @@ def _walk(root: Path) -> Iterator[Path]:
 
 def main(argv: Sequence[str] | None = None, *, root: Path = REPO_ROOT) -> int:
     """Measure, judge, print one line per problem (or a summary); return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m tools.complexity",
+    parser = argparse.ArgumentParser(prog="python -m checks.complexity",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="files or folders (default: the whole tree)")
     parser.add_argument("--max", type=int, default=MAX_COMPLEXITY, dest="limit")

@@ -1,6 +1,6 @@
 """A local stand-in for the SageMaker runtime's wire protocol, in front of local containers.
 
-    python -m tools.runtime_standin --endpoint manga-assist-dev-llm=http://127.0.0.1:8080 \
+    python -m tests.support.runtime_standin --endpoint manga-assist-dev-llm=http://127.0.0.1:8080 \
         --endpoint manga-assist-dev-intent=http://127.0.0.1:8081 [--port 8090]
 
 then ``make smoke ENV=dev SMOKE_FLAGS="--endpoint-url http://127.0.0.1:8090"``. Naming an
@@ -11,7 +11,7 @@ endpoint twice gives it two instances. It answers
   SageMaker's 424 ``ModelError``);
 * ``POST /endpoints/<name>/invocations-response-stream`` — forwards likewise and re-sends the
   container's bytes as ``PayloadPart`` events in AWS's binary event-stream framing
-  (``tools/eventstream.py``), cut into parts of at most ``max_part_bytes`` at arbitrary byte
+  (``tests/support/eventstream.py``), cut into parts of at most ``max_part_bytes`` at arbitrary byte
   boundaries, as SageMaker does; a container stream that breaks becomes a ``ModelStreamError``.
 
 Requests go to an endpoint's instances in turn, except for **stateful sessions** ("Stateful
@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from tools.eventstream import model_stream_error, payload_part
+from tests.support.eventstream import model_stream_error, payload_part
 
 SESSION_ID_HEADER = "X-Amzn-SageMaker-Session-Id"
 NEW_SESSION_ID_HEADER = "X-Amzn-SageMaker-New-Session-Id"
@@ -239,7 +239,7 @@ class RuntimeStandin:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.runtime_standin",
+    parser = argparse.ArgumentParser(prog="python -m tests.support.runtime_standin",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint", action="append", required=True, metavar="NAME=URL",
                         help="endpoint name and the container's base URL (repeatable)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The policy-validation part of `make synth`'s summary line: cdk-nag and cfn-guard (Control Tower).
 
-    python -m tools.validation_summary cdk.out
+    python -m checks.validation_summary cdk.out
 
 Both plugins run inside the synthesis (``stacks.nag.add_nag_checks``); an unacknowledged finding
 has already failed it. This reads what they left in ``cdk.out/validation-report.json`` —
@@ -106,7 +106,7 @@ def summary_line(report: Mapping[str, Any]) -> tuple[str, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.validation_summary",
+    parser = argparse.ArgumentParser(prog="python -m checks.validation_summary",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("assembly", type=Path, help="the cloud assembly (cdk.out)")
     args = parser.parse_args(argv)
