@@ -160,7 +160,7 @@ smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): m
 	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)
 
 quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
-	$(SM_VENV)/bin/python -m quantization.launch --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
+	$(SM_VENV)/bin/python -m tools.quantize --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
 
 promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
 	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)

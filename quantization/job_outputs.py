@@ -1,7 +1,7 @@
 """Names of the stack outputs the quantization launcher reads (DescribeStacks), named once.
 
 The stacks write them (``stacks/foundation_stack.py``, ``stacks/serving_stack.py``) and
-``quantization.launch`` reads them, so a renamed output fails the stack tests rather than a
+``tools.quantize`` reads them, so a renamed output fails the stack tests rather than a
 launch. Pure module: the launcher's environment has no CDK.
 """
 

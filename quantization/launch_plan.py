@@ -1,6 +1,6 @@
 """What a quantization training job must look like, decided before anything calls AWS.
 
-``quantization.launch`` is a thin shell: it reads the settings and the stack outputs, asks this
+``tools.quantize`` is a thin shell: it reads the settings and the stack outputs, asks this
 module for a :class:`JobPlan`, hands the plan to the sagemaker SDK, polls, and asks this module
 what the gate report says. Everything here is pure (no boto3, no SDK) and unit-tested.
 

@@ -1,6 +1,6 @@
 """What the AWQ quantization job needs to run as a SageMaker training job.
 
-The job itself is started by ``python -m quantization.launch`` (the sagemaker SDK), not by
+The job itself is started by ``python -m tools.quantize`` (the sagemaker SDK), not by
 CloudFormation: a training job is a run, not a resource. The stack provides what a run uses —
 the job image (``containers/quantize``, pushed as a CDK asset) and an execution role scoped to
 

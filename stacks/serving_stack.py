@@ -201,7 +201,7 @@ class ServingStack(cdk.Stack):
                                              if reconciler else None),
         )
         cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
-        # What `python -m quantization.launch` reads (quantization/job_outputs.py names them).
+        # What `python -m tools.quantize` reads (quantization/job_outputs.py names them).
         cdk.CfnOutput(self, job_outputs.JOB_ROLE_ARN,
                       value=self.quantization_job.iam_role.role_arn)
         cdk.CfnOutput(self, job_outputs.JOB_IMAGE_URI,

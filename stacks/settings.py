@@ -1084,7 +1084,7 @@ class SmokeSettings(_Strict):
 
 
 class QuantizationJobSettings(_Strict):
-    """The AWQ job as a SageMaker training job (`python -m quantization.launch`)."""
+    """The AWQ job as a SageMaker training job (`python -m tools.quantize`)."""
 
     base_model_root: S3Prefix = Field(
         "base-models",

@@ -237,7 +237,7 @@ def launch(job: SimulatedQuantizeJob, *args: str) -> subprocess.CompletedProcess
     env.update({"AWS_ENDPOINT_URL": job.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
                 "AWS_SECRET_ACCESS_KEY": "testing", "PYTHONPATH": str(REPO_ROOT)})
     return subprocess.run(
-        [str(sagemaker_python()), "-m", "quantization.launch", "--env", "prod", "--poll-s", "0",
+        [str(sagemaker_python()), "-m", "tools.quantize", "--env", "prod", "--poll-s", "0",
          *args],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
 

@@ -1,6 +1,6 @@
 """Run the AWQ quantization job (containers/quantize) as a SageMaker training job.
 
-    python -m quantization.launch --env prod \
+    python -m tools.quantize --env prod \
         --base-model-prefix base-models/Meta-Llama-3-8B-Instruct \
         [--group-size 128] [--instance-type ml.g5.4xlarge] [--poll-s 30] [--no-wait]
 
@@ -151,7 +151,7 @@ def uploaded_keys(s3: Any, plan: JobPlan) -> frozenset[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quantization.launch",
+    parser = argparse.ArgumentParser(prog="python -m tools.quantize",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
     parser.add_argument("--base-model-prefix", required=True,
