@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize promote clean
+.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -161,6 +161,9 @@ smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): m
 
 quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
 	$(SM_VENV)/bin/python -m tools.quantize --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
+
+gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an adapter, then the decode-speed profile into config/decode_speed.json
+	tools/gpu_smoke.sh
 
 promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
 	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)

@@ -20,7 +20,7 @@ in and ``output_tokens`` out — with its p50 and p99:
 
 Every point says where its figures come from (``source``) and whether they are an
 ``assumption`` (estimated: :mod:`capacity_model.roofline`) or ``measured``
-(``scripts/gpu-smoke.sh`` runs :mod:`tools.decode_bench` on a GPU through the gateway and writes
+(``tools/gpu_smoke.sh`` runs :mod:`tools.decode_bench` on a GPU through the gateway and writes
 its profile back with :meth:`DecodeSpeedTable.with_profile`). The keys are the GPU budget's own
 names (``MemoryPlan.gpu_model``, ``model_name``, ``quantization``, ``kv_cache_dtype``) so a plan
 finds its profile without a mapping table.
@@ -181,7 +181,7 @@ class DecodeSpeedTable:
         raise DecodeTableError(
             f"{self.source}: no decode profile for {' / '.join(wanted)} (gpu / model / "
             f"quantization / kv_cache_dtype); the table has: {known}. Measure it with "
-            "scripts/gpu-smoke.sh on that GPU, or add an estimate (capacity_model.roofline)")
+            "tools/gpu_smoke.sh on that GPU, or add an estimate (capacity_model.roofline)")
 
     def rates_for(self, gpu: str, model: str, quantization: str) -> GpuRates:
         """The rates of a GPU, model and weight format; DecodeTableError lists the ones there

@@ -220,7 +220,7 @@ def _notes(mix: RequestMix, latency: LatencyModel) -> list[str]:
                              "--prompt-tokens/--output-tokens)")
     if latency.status != "measured":
         notes.append(f"{latency.describe()} is an assumption (not measured): run "
-                     "scripts/gpu-smoke.sh on the GPU to replace it")
+                     "tools/gpu_smoke.sh on the GPU to replace it")
     return notes
 
 

@@ -4,7 +4,7 @@
 at each number of requests in flight, and the TTFT of each bucket's typical request inside that
 batch. Two sources give it:
 
-* **a measured profile** (``config/decode_speed.json``, written by ``scripts/gpu-smoke.sh``):
+* **a measured profile** (``config/decode_speed.json``, written by ``tools/gpu_smoke.sh``):
   its points at its own request shape; a request's TTFT is scaled by its *uncached* prompt
   tokens over the profile's prompt (a prefill is proportional to the tokens it computes; the
   benchmark's prompts are unique, so nothing of them was cached);

@@ -17,7 +17,7 @@ figures are published specifications and measurements of other set-ups, each a *
 (low / central / high) with its sources written next to it in ``config/decode_speed.json``
 (``rates``) and marked ``assumption``. The capacity model sizes the fleet at the central values
 and prices it at all three (:data:`SCENARIOS`: *pessimistic* takes every rate at the slow end,
-*optimistic* at the fast end); ``scripts/gpu-smoke.sh`` measures the real curve and replaces
+*optimistic* at the fast end); ``tools/gpu_smoke.sh`` measures the real curve and replaces
 the estimate.
 
 Pure module: standard library only.

@@ -1,7 +1,7 @@
 """An estimate of the latency curve from the GPU's two rates, for set-ups nobody has measured yet.
 
 The decode-speed table (:mod:`capacity_model.decode_speed`) should hold measurements, but this
-project has not run vLLM on an A10G (``scripts/gpu-smoke.sh`` does that and writes its figures
+project has not run vLLM on an A10G (``tools/gpu_smoke.sh`` does that and writes its figures
 back). Until then the capacity model estimates the curve from the GPU's rates
 (:mod:`capacity_model.rates`: memory bandwidth and compute, each a sourced range), and the table
 keeps one estimate per profile, marked ``assumption``, with its inputs recorded
@@ -147,7 +147,7 @@ def estimate_point(inputs: RooflineInputs, batch_size: int) -> DecodePoint:
         source=(f"roofline estimate, not measured: {inputs.memory_bandwidth_gb_s:g} GB/s × "
                 f"{inputs.bandwidth_efficiency:g}, prefill {inputs.prefill_tokens_per_s:,.0f} "
                 f"tokens/s, decode compute {inputs.decode_compute_tokens_per_s:,.0f} tokens/s "
-                "(capacity_model/roofline.py; measure with scripts/gpu-smoke.sh)"),
+                "(capacity_model/roofline.py; measure with tools/gpu_smoke.sh)"),
     )
 
 

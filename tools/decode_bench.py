@@ -1,6 +1,6 @@
 """Measure time to first token and time per output token by batch size, through the gateway.
 
-``scripts/gpu-smoke.sh`` runs this on a GPU once the gateway is up; it is what turns the
+``tools/gpu_smoke.sh`` runs this on a GPU once the gateway is up; it is what turns the
 decode-speed table's assumptions into measurements. For each batch size ``B`` it keeps ``B``
 streamed chat requests in flight (a closed loop: each worker sends its next request as soon as
 the last one finished), each with a prompt of about ``--prompt-tokens`` tokens and

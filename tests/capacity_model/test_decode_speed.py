@@ -94,7 +94,7 @@ def test_not_json_and_an_unknown_profile() -> None:
         table.lookup("NVIDIA L4", "m", "q", "auto")
     assert "no decode profile for NVIDIA L4 / m / q / auto" in str(info.value)
     assert "the table has: NVIDIA A10G / m / q / auto" in str(info.value)
-    assert "scripts/gpu-smoke.sh" in str(info.value)
+    assert "tools/gpu_smoke.sh" in str(info.value)
 
 
 def test_a_measured_profile_replaces_the_estimate_of_the_same_key_and_round_trips() -> None:

@@ -260,7 +260,7 @@ def test_a_gpu_without_a_decode_profile_is_refused_with_the_fix() -> None:
     data = set_path(base(), "llm.instance_type", "ml.g6.xlarge")
     message = error_for(data)
     assert "no decode profile for NVIDIA L4 / llama-3-8b-instruct" in message
-    assert "scripts/gpu-smoke.sh" in message
+    assert "tools/gpu_smoke.sh" in message
 
 
 def test_the_intent_endpoint_cannot_track_a_concurrency_it_has_no_figure_for() -> None:

@@ -1,6 +1,6 @@
 """tools/decode_bench.py against the real gateway (simulated engine) on a real socket.
 
-The benchmark ``scripts/gpu-smoke.sh`` runs on a GPU is exercised here end to end: the
+The benchmark ``tools/gpu_smoke.sh`` runs on a GPU is exercised here end to end: the
 simulated engine takes ``ENGINE_SIM_STEP_TIME_S`` per step plus ``ENGINE_SIM_TOKEN_TIME_S`` per
 batched token, so the measured time per output token is at least the step time and grows with
 the batch, and the profile written back is one the capacity model reads.

@@ -4,8 +4,8 @@
 # Run it on a GPU host (driver >= 580, CUDA 13 capable; e.g. a g5/g6 EC2 instance with the
 # Deep Learning AMI, or inside the vllm/vllm-openai:v0.33.0 image) before the first deploy:
 #
-#   scripts/gpu-smoke.sh                    # Qwen/Qwen2.5-0.5B-Instruct from the Hugging Face Hub
-#   MODEL_DIR=/path/to/model scripts/gpu-smoke.sh
+#   make gpu-smoke                        # Qwen/Qwen2.5-0.5B-Instruct from the Hugging Face Hub
+#   MODEL_DIR=/path/to/model make gpu-smoke   # or tools/gpu_smoke.sh itself
 #
 # It builds a venv with vllm==0.33.0 and the gateway, downloads a small public instruct model,
 # makes a random rank-8 LoRA adapter for it with peft, starts `serve --engine vllm`, waits for
@@ -13,14 +13,14 @@
 # to the adapter, a streaming request, and the gateway's KV report. Exit 0 only if all pass.
 #
 # Then it measures the decode-speed curve the capacity model sizes the fleet with
-# (tools/decode_bench.py: time to first token and time per output token, p50 and p99, at each of
-# DECODE_BATCH_SIZES streamed requests in flight) and writes it into config/decode_speed.json
+# (python -m tools.decode_bench: time to first token and time per output token, p50 and p99, at
+# each of DECODE_BATCH_SIZES streamed requests in flight) and writes it into config/decode_speed.json
 # (DECODE_TABLE), replacing the estimate of the same key. To measure production's profile, serve
 # its checkpoint with its engine settings and name its key:
 #
 #   MODEL_DIR=/models/llama-3-8b-instruct-w4a16 ENGINE_MAX_NUM_SEQS=88 ENGINE_QUANTIZATION=compressed-tensors \
 #   DECODE_KEY="NVIDIA A10G|llama-3-8b-instruct|w4a16 int4 g128|auto" DECODE_BATCH_SIZES=1,8,16,32,48,64,88 \
-#   scripts/gpu-smoke.sh
+#   make gpu-smoke
 #
 # (the key is `python -m capacity_model plan --env prod`'s "Decode speed" line). DECODE_WRITE=0
 # prints the profile instead of writing it.
