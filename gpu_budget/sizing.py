@@ -310,27 +310,7 @@ def assemble(req: PlanRequest, util: float, util_source: str, max_num_seqs: int,
     pool_blocks = sizing.pool_blocks
     pool_tokens = pool_blocks * req.block_size
     at_max = pool_blocks // blocks_for_tokens(req.max_model_len, req.block_size)
-    bounds = bucket_bounds(req.max_model_len)
-    shares = req.lengths.bucket_shares(bounds) if req.lengths is not None else None
-    buckets: list[BucketConcurrency] = []
-    for bucket in RequestBucket:
-        # Sized at the bucket's largest request: the concurrency every request in it can get.
-        sized = bounds.upper(bucket)
-        reachable = sized > bounds.lower_exclusive(bucket)
-        blocks = blocks_for_tokens(sized, req.block_size)
-        kv_bound = pool_blocks // blocks if blocks else 0
-        buckets.append(
-            BucketConcurrency(
-                bucket=bucket.value,
-                max_tokens=None if bucket is RequestBucket.XL else sized,
-                sized_tokens=sized,
-                reachable=reachable,
-                blocks_per_sequence=blocks,
-                max_concurrency=kv_bound,
-                effective_concurrency=min(kv_bound, max_num_seqs),
-                share=None if shares is None else round(shares[bucket.value], 4),
-            )
-        )
+    buckets = bucket_concurrency(req, pool_blocks, max_num_seqs)
     mean_tokens = req.lengths.mean_tokens if req.lengths is not None else None
     at_mean = (
         int(pool_blocks // req.lengths.mean_blocks(req.block_size))
@@ -385,13 +365,40 @@ def assemble(req: PlanRequest, util: float, util_source: str, max_num_seqs: int,
         largest_max_model_len=min(pool_tokens, req.model.max_position_embeddings),
         mean_request_tokens=None if mean_tokens is None else round(mean_tokens, 1),
         max_concurrency_at_mean=at_mean,
-        buckets=tuple(buckets),
+        buckets=buckets,
         cost_per_hour_usd=inst.on_demand_usd_per_hour,
         cost_per_month_usd=round(inst.on_demand_usd_per_hour * HOURS_PER_MONTH, 2),
         price_region=PRICE_REGION,
         prices_compiled_on=PRICES_COMPILED_ON,
         warnings=tuple(warnings),
     )
+
+
+def bucket_concurrency(req: PlanRequest, pool_blocks: int,
+                       max_num_seqs: int) -> tuple[BucketConcurrency, ...]:
+    """Each request bucket's concurrency in a pool of ``pool_blocks`` blocks."""
+    bounds = bucket_bounds(req.max_model_len)
+    shares = req.lengths.bucket_shares(bounds) if req.lengths is not None else None
+    buckets: list[BucketConcurrency] = []
+    for bucket in RequestBucket:
+        # Sized at the bucket's largest request: the concurrency every request in it can get.
+        sized = bounds.upper(bucket)
+        reachable = sized > bounds.lower_exclusive(bucket)
+        blocks = blocks_for_tokens(sized, req.block_size)
+        kv_bound = pool_blocks // blocks if blocks else 0
+        buckets.append(
+            BucketConcurrency(
+                bucket=bucket.value,
+                max_tokens=None if bucket is RequestBucket.XL else sized,
+                sized_tokens=sized,
+                reachable=reachable,
+                blocks_per_sequence=blocks,
+                max_concurrency=kv_bound,
+                effective_concurrency=min(kv_bound, max_num_seqs),
+                share=None if shares is None else round(shares[bucket.value], 4),
+            )
+        )
+    return tuple(buckets)
 
 
 def plan_warnings(req: PlanRequest, util: float, util_source: str, max_num_seqs: int, at_max: int,

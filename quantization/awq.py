@@ -49,7 +49,9 @@ from typing import Any, Protocol
 from quantization.calibration import (
     CalibrationSet,
     CalibrationSettings,
+    ChatTokenizer,
     DatasetError,
+    MangaQARecord,
     build_calibration_set,
     load_manga_qa_jsonl,
 )
@@ -327,6 +329,37 @@ def verify_quantized_checkpoint(output_dir: Path, settings: AwqSettings) -> tupl
     return declared.quant_method, declared.group_size
 
 
+def _calibration_set(records: Sequence[MangaQARecord], tokenizer: ChatTokenizer,
+                     calibration_settings: CalibrationSettings, calibration_dump: Path | None,
+                     progress: ProgressFn) -> CalibrationSet:
+    """Step 2: the calibration set in the production chat template, reported and optionally
+    written out as JSON lines."""
+    progress("[quantize] 2/5 building the calibration set in the production chat template")
+    calibration = build_calibration_set(records, tokenizer, calibration_settings)
+    stats = calibration.stats
+    if stats.num_samples < calibration_settings.num_samples:
+        progress(
+            f"[quantize]     only {len(records)} records: calibrating on all of them "
+            f"(asked for {calibration_settings.num_samples})"
+        )
+    progress(
+        f"[quantize]     {stats.num_samples} samples (ja {stats.by_language['ja']}, "
+        f"en {stats.by_language['en']}), {stats.total_tokens} tokens, "
+        f"{stats.min_tokens}–{stats.max_tokens} per sample, {stats.truncated} truncated "
+        f"at {stats.max_seq_len}"
+    )
+
+    if calibration_dump is not None:
+        calibration_dump.write_text(
+            "".join(
+                json.dumps(row, ensure_ascii=False) + "\n" for row in calibration.to_jsonl_rows()
+            ),
+            encoding="utf-8",
+        )
+        progress(f"[quantize]     calibration texts written to {calibration_dump}")
+    return calibration
+
+
 def quantize_model(
     model_dir: Path,
     output_dir: Path,
@@ -351,29 +384,9 @@ def quantize_model(
     records = load_manga_qa_jsonl(qa_data)
     tokenizer = HuggingFaceChatTokenizer.from_model_dir(model_dir)
 
-    progress("[quantize] 2/5 building the calibration set in the production chat template")
-    calibration = build_calibration_set(records, tokenizer, calibration_settings)
+    calibration = _calibration_set(records, tokenizer, calibration_settings, calibration_dump,
+                                   progress)
     stats = calibration.stats
-    if stats.num_samples < calibration_settings.num_samples:
-        progress(
-            f"[quantize]     only {len(records)} records: calibrating on all of them "
-            f"(asked for {calibration_settings.num_samples})"
-        )
-    progress(
-        f"[quantize]     {stats.num_samples} samples (ja {stats.by_language['ja']}, "
-        f"en {stats.by_language['en']}), {stats.total_tokens} tokens, "
-        f"{stats.min_tokens}–{stats.max_tokens} per sample, {stats.truncated} truncated "
-        f"at {stats.max_seq_len}"
-    )
-
-    if calibration_dump is not None:
-        calibration_dump.write_text(
-            "".join(
-                json.dumps(row, ensure_ascii=False) + "\n" for row in calibration.to_jsonl_rows()
-            ),
-            encoding="utf-8",
-        )
-        progress(f"[quantize]     calibration texts written to {calibration_dump}")
 
     progress(f"[quantize] 3/5 AWQ with {backend.name} {backend_version}")
     device = backend.quantize(model_dir, calibration, settings, output_dir, progress)

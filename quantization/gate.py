@@ -149,18 +149,10 @@ def regression(baseline: float, quantized: float) -> float:
 DIMENSIONS = ("overall", *SUPPORTED_LANGUAGES)
 
 
-def decide(
-    baseline: ModelScores,
-    quantized: ModelScores,
-    memory: MemoryFigures,
-    thresholds: GateThresholds | None = None,
-    *,
-    context: dict[str, object] | None = None,
-) -> GateReport:
-    """Apply every acceptance criterion and return the report."""
-    limits = thresholds or GateThresholds()
-    if memory.baseline_bytes <= 0:
-        raise ValueError(f"baseline_bytes: {memory.baseline_bytes} is not a weight size")
+def score_checks(baseline: ModelScores, quantized: ModelScores,
+                 limits: GateThresholds) -> tuple[list[GateCheck], list[str]]:
+    """Per dimension: the quantized score's floor, then its regression from the baseline; with
+    a warning for each dimension the baseline scored 0 on."""
     checks: list[GateCheck] = []
     warnings: list[str] = []
     for dimension in DIMENSIONS:
@@ -191,6 +183,22 @@ def decide(
                 f"({0.0 - loss * 100 + 0.0:+.2f} %)",
             )
         )
+    return checks, warnings
+
+
+def decide(
+    baseline: ModelScores,
+    quantized: ModelScores,
+    memory: MemoryFigures,
+    thresholds: GateThresholds | None = None,
+    *,
+    context: dict[str, object] | None = None,
+) -> GateReport:
+    """Apply every acceptance criterion and return the report."""
+    limits = thresholds or GateThresholds()
+    if memory.baseline_bytes <= 0:
+        raise ValueError(f"baseline_bytes: {memory.baseline_bytes} is not a weight size")
+    checks, warnings = score_checks(baseline, quantized, limits)
     invented = quantized.hallucinations
     checks.append(
         GateCheck(

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -41,18 +41,10 @@ class ServerState:
     error: str | None = None
     classifier: IntentClassifier | None = None
     loaded_s: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-
-def create_app(settings: ServerSettings, manifest: ArtifactManifest,
-               load_classifier: Callable[[], IntentClassifier], emf: EmfWriter) -> FastAPI:
-    """Build the app; ``load_classifier`` runs in a background thread at start-up."""
-    state = ServerState()
-    lock = threading.Lock()
-    limits = Limits(max_body_bytes=settings.max_body_bytes,
-                    max_text_chars=settings.max_text_chars,
-                    max_batch_texts=settings.max_batch_texts)
-
-    def load_in_background() -> None:
+    def load(self, load_classifier: Callable[[], IntentClassifier]) -> None:
+        """Load and warm the model (the loader thread's body): READY, or FAILED with why."""
         started = time.perf_counter()
         try:
             classifier = load_classifier()
@@ -60,18 +52,29 @@ def create_app(settings: ServerSettings, manifest: ArtifactManifest,
             message = str(error) if isinstance(error, ArtifactError) else (
                 f"{type(error).__name__}: {error}")
             LOG.error("model load failed: %s", message)
-            with lock:
-                state.status, state.error = FAILED, message
+            with self.lock:
+                self.status, self.error = FAILED, message
             return
-        with lock:
-            state.classifier = classifier
-            state.loaded_s = time.perf_counter() - started
-            state.status = READY
-        LOG.info("ready: loaded and warmed in %.1f s", state.loaded_s)
+        with self.lock:
+            self.classifier = classifier
+            self.loaded_s = time.perf_counter() - started
+            self.status = READY
+        LOG.info("ready: loaded and warmed in %.1f s", self.loaded_s)
+
+
+def create_app(settings: ServerSettings, manifest: ArtifactManifest,
+               load_classifier: Callable[[], IntentClassifier], emf: EmfWriter) -> FastAPI:
+    """Build the app; ``load_classifier`` runs in a background thread at start-up."""
+    state = ServerState()
+    lock = state.lock
+    limits = Limits(max_body_bytes=settings.max_body_bytes,
+                    max_text_chars=settings.max_text_chars,
+                    max_batch_texts=settings.max_batch_texts)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        thread = threading.Thread(target=load_in_background, name="model-loader", daemon=True)
+        thread = threading.Thread(target=state.load, args=(load_classifier,),
+                                  name="model-loader", daemon=True)
         thread.start()
         yield
 
