@@ -73,6 +73,14 @@ from capacity_model.sessions import (
     scale_effects,
 )
 from gpu_budget import MemoryPlan
+from serving_contract.environment import (
+    GATEWAY_ADMISSION_WATERMARK,
+    GATEWAY_BUCKET_CAPS,
+    GATEWAY_CONTEXT_SPLIT,
+    GATEWAY_CONTEXT_STEP_TURNS,
+    GATEWAY_SESSION_TTL_S,
+    GATEWAY_TTFT_SLO_S,
+)
 
 BISECTION_STEPS = 30
 SESSIONS_OFF_ROUNDS = 6
@@ -190,15 +198,15 @@ class LlmCapacity:
         """What the gateway must be told so that it admits exactly what this plan sized (and,
         with sessions, pins conversations for the TTL the plan counted)."""
         environment = {
-            "GATEWAY_BUCKET_CAPS": self.instance.gateway_bucket_caps(),
-            "GATEWAY_ADMISSION_WATERMARK": f"{self.instance.admission_watermark:g}",
-            "GATEWAY_CONTEXT_SPLIT": self.window.as_env(),
-            "GATEWAY_CONTEXT_STEP_TURNS": str(self.window.step_turns),
+            GATEWAY_BUCKET_CAPS: self.instance.gateway_bucket_caps(),
+            GATEWAY_ADMISSION_WATERMARK: f"{self.instance.admission_watermark:g}",
+            GATEWAY_CONTEXT_SPLIT: self.window.as_env(),
+            GATEWAY_CONTEXT_STEP_TURNS: str(self.window.step_turns),
             # Admission serves what its first-token forecast puts within the TTFT SLO.
-            "GATEWAY_TTFT_SLO_S": f"{self.slo.time_to_first_token_p99_ms / 1000:g}",
+            GATEWAY_TTFT_SLO_S: f"{self.slo.time_to_first_token_p99_ms / 1000:g}",
         }
         if self.reuse.sessions:
-            environment["GATEWAY_SESSION_TTL_S"] = str(self.reuse.session_ttl_s)
+            environment[GATEWAY_SESSION_TTL_S] = str(self.reuse.session_ttl_s)
         return environment
 
     def session_effects(self) -> tuple[PinningSpread, ScaleEffects]:

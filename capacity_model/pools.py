@@ -29,7 +29,7 @@ from capacity_model.fleet import DailyProfile, FleetPlan
 from capacity_model.plan import LlmCapacity, llm_capacity
 from gpu_budget import INSTANCE_CATALOG, MemoryPlan
 from gpu_budget.instances import HOURS_PER_MONTH
-from request_buckets import RequestBucket
+from request_buckets import BUCKET_NAMES, RequestBucket
 
 
 @dataclass(frozen=True)
@@ -144,12 +144,12 @@ def evaluate_pools(base: LlmCapacity, replan: Callable[..., MemoryPlan], table: 
 def seed_002_options(instance_type: str, faster: str) -> list[tuple[str, list[PoolSpec]]]:
     """One pool as configured; XL apart on the same GPU; XL apart on ``faster``; everything on
     ``faster``."""
-    short = ("S", "M", "L")
+    short = tuple(name for name in BUCKET_NAMES if name != RequestBucket.XL.value)
     return [
-        ("one pool (as configured)", [PoolSpec("all", instance_type, ("S", "M", "L", "XL"))]),
+        ("one pool (as configured)", [PoolSpec("all", instance_type, BUCKET_NAMES)]),
         ("XL pool + S/M/L pool", [PoolSpec("S/M/L", instance_type, short),
                                   PoolSpec("XL", instance_type, ("XL",))]),
         (f"XL pool on {faster} + S/M/L pool", [PoolSpec("S/M/L", instance_type, short),
                                                PoolSpec("XL", faster, ("XL",))]),
-        (f"one pool on {faster}", [PoolSpec("all", faster, ("S", "M", "L", "XL"))]),
+        (f"one pool on {faster}", [PoolSpec("all", faster, BUCKET_NAMES)]),
     ]

@@ -35,9 +35,9 @@ from gpu_budget.instances import (
     instance_type,
 )
 from gpu_budget.kv import KV_CACHE_DTYPES
+from serving_contract.environment import ENGINE_ENV_PREFIX as ENGINE_ENV_PREFIX
 
-ENGINE_ENV_PREFIX = "ENGINE_"
-"""Engine arguments travel as ``ENGINE_<NAME>`` (never ``VLLM_*``, which vLLM reads itself)."""
+# ENGINE_ENV_PREFIX is the container's environment contract's: a row's variable is ENGINE_<NAME>.
 
 BLOCK_SIZE_MULTIPLE: Mapping[str, int] = {"cuda": 16, "cpu": 32}
 """KV block sizes each platform's attention backend accepts (a multiple of this), from vLLM's

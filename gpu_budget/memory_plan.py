@@ -15,8 +15,9 @@ from typing import Any
 from gpu_budget.engine_args import as_env, checked_engine_args
 from gpu_budget.instances import GIB
 from gpu_budget.lengths import blocks_for_tokens
+from serving_contract.environment import GATEWAY_EXPECTED_KV_TOKENS
 
-EXPECTED_KV_TOKENS_ENV_VAR = "GATEWAY_EXPECTED_KV_TOKENS"
+EXPECTED_KV_TOKENS_ENV_VAR = GATEWAY_EXPECTED_KV_TOKENS
 """The container's variable for the KV pool the plan predicts (:meth:`MemoryPlan.engine_env`)."""
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from typing import Literal
 
 
 # (str, Enum) rather than StrEnum: Python 3.10 (the Inf1 image) has no StrEnum.
@@ -57,6 +58,9 @@ class RequestBucket(str, Enum):  # noqa: UP042
 BUCKET_NAMES: tuple[str, ...] = tuple(bucket.value for bucket in RequestBucket)
 """The bucket names, smallest first: the values of the ``Bucket`` metric dimension."""
 
+BucketName = Literal["S", "M", "L", "XL"]
+"""A bucket's name as a type (pydantic models and request schemas); the same names as
+:data:`BUCKET_NAMES` (tests/test_environment_contract.py holds them equal)."""
 UPPER_BOUND_SHARES: dict[RequestBucket, Fraction] = {
     RequestBucket.S: Fraction(1, 8),
     RequestBucket.M: Fraction(1, 4),

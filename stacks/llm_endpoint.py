@@ -20,6 +20,17 @@ from constructs import Construct
 from capacity_model import LlmCapacity
 from gpu_budget import MemoryPlan
 from serving_contract import format_adapters, format_locale_routes, format_routing
+from serving_contract.environment import (
+    GATEWAY_ADAPTERS,
+    GATEWAY_ADAPTERS_DIR,
+    GATEWAY_ENGINE,
+    GATEWAY_LOCALE_ROUTES,
+    GATEWAY_METRICS_ENDPOINT_NAME,
+    GATEWAY_METRICS_VARIANT_NAME,
+    GATEWAY_MODEL_DIR,
+    GATEWAY_ROUTING_TABLE,
+    GATEWAY_SERVED_MODEL_NAME,
+)
 from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
 from stacks.container_image import repo_image_asset
 from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
@@ -74,15 +85,15 @@ def container_environment(
     )
     env.update(
         {
-            "GATEWAY_ENGINE": "vllm",
-            "GATEWAY_MODEL_DIR": MODEL_DIR,
-            "GATEWAY_SERVED_MODEL_NAME": settings.model.served_model_name,
-            "GATEWAY_ADAPTERS_DIR": f"{MODEL_DIR}/{ADAPTERS_DIR}",
-            "GATEWAY_ADAPTERS": format_adapters((a.name, a.folder) for a in settings.adapters),
-            "GATEWAY_ROUTING_TABLE": format_routing(settings.routing),
-            "GATEWAY_LOCALE_ROUTES": format_locale_routes(settings.locale_routes),
-            "GATEWAY_METRICS_ENDPOINT_NAME": endpoint_name,
-            "GATEWAY_METRICS_VARIANT_NAME": variant_name,
+            GATEWAY_ENGINE: "vllm",
+            GATEWAY_MODEL_DIR: MODEL_DIR,
+            GATEWAY_SERVED_MODEL_NAME: settings.model.served_model_name,
+            GATEWAY_ADAPTERS_DIR: f"{MODEL_DIR}/{ADAPTERS_DIR}",
+            GATEWAY_ADAPTERS: format_adapters((a.name, a.folder) for a in settings.adapters),
+            GATEWAY_ROUTING_TABLE: format_routing(settings.routing),
+            GATEWAY_LOCALE_ROUTES: format_locale_routes(settings.locale_routes),
+            GATEWAY_METRICS_ENDPOINT_NAME: endpoint_name,
+            GATEWAY_METRICS_VARIANT_NAME: variant_name,
             **capacity.gateway_environment(),
         }
     )

@@ -26,6 +26,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpu_budget.engine_args import as_env, checked_engine_args
+from serving_contract.environment import (
+    ENGINE_ENV_PREFIX,
+    GATEWAY_ADAPTERS,
+    GATEWAY_ENV_PREFIX,
+    GATEWAY_LOCALE_ROUTES,
+    GATEWAY_MODEL_DIR,
+    GATEWAY_ROUTING_TABLE,
+    GATEWAY_SERVED_MODEL_NAME,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
@@ -72,12 +81,12 @@ def gateway_env(served: Served, engine: EngineConfig = EngineConfig(), *,
     """The gateway's GATEWAY_*/ENGINE_* variables for ``served`` on ``engine`` (the engine's
     through :mod:`gpu_budget.engine_args`, checked against its table)."""
     env = {
-        "GATEWAY_MODEL_DIR": str(served.model_dir),
-        "GATEWAY_SERVED_MODEL_NAME": served.served_model_name,
-        "GATEWAY_ADAPTERS": ",".join(f"{name}={directory}"
-                                     for name, directory in served.adapters.items()),
-        "GATEWAY_ROUTING_TABLE": routing_table,
-        "GATEWAY_LOCALE_ROUTES": "",
+        GATEWAY_MODEL_DIR: str(served.model_dir),
+        GATEWAY_SERVED_MODEL_NAME: served.served_model_name,
+        GATEWAY_ADAPTERS: ",".join(f"{name}={directory}"
+                                   for name, directory in served.adapters.items()),
+        GATEWAY_ROUTING_TABLE: routing_table,
+        GATEWAY_LOCALE_ROUTES: "",
     }
     env.update(as_env(checked_engine_args({
         "max_model_len": engine.max_model_len,
@@ -148,7 +157,7 @@ class ServerProcess:
         self._stdout: IO[bytes] = self.stdout_path.open("wb")
         self._stderr: IO[bytes] = self.stderr_path.open("wb")
         full_env = {key: value for key, value in os.environ.items()
-                    if not key.startswith(("GATEWAY_", "ENGINE_", "VLLM_", "SAGEMAKER_"))}
+                    if not key.startswith((GATEWAY_ENV_PREFIX, ENGINE_ENV_PREFIX, "VLLM_", "SAGEMAKER_"))}
         full_env.update(RUNTIME_ENV)
         full_env.update(env)
         self.process = subprocess.Popen(list(command), stdout=self._stdout, stderr=self._stderr,

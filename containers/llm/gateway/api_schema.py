@@ -33,6 +33,7 @@ from pydantic import (
 
 from gateway.openai_fields import SAMPLING_FIELDS, refusal
 from intents import INTENT_LABELS, require_intent
+from request_buckets import BucketName
 from serving_contract import LOCALE_PATTERN
 
 MAX_N_SCHEMA = 16
@@ -419,7 +420,7 @@ class ResponseExtension(BaseModel):
 
     adapter: str | None
     route: str
-    bucket: Literal["S", "M", "L", "XL"]
+    bucket: BucketName
     breaker: Literal["closed", "half_open", "open"]
     fallback: FallbackInfo | None
     deadline_exceeded: bool

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.engines.base import EngineConfigError
+from serving_contract.environment import GATEWAY_MODEL_DIR
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -29,17 +30,17 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
         raise EngineConfigError(
-            f"GATEWAY_MODEL_DIR={str(model_dir)!r}: no config.json there; expected a Hugging Face "
-            "model directory (config.json, tokenizer files, *.safetensors)",
-            setting="GATEWAY_MODEL_DIR")
+            f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: no config.json there; expected a Hugging "
+            "Face model directory (config.json, tokenizer files, *.safetensors)",
+            setting=GATEWAY_MODEL_DIR)
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise EngineConfigError(f"GATEWAY_MODEL_DIR={str(model_dir)!r}: config.json is not "
-                                f"readable JSON ({error})", setting="GATEWAY_MODEL_DIR") from None
+        raise EngineConfigError(f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: config.json is not "
+                                f"readable JSON ({error})", setting=GATEWAY_MODEL_DIR) from None
     if not isinstance(config, dict):
-        raise EngineConfigError(f"GATEWAY_MODEL_DIR={str(model_dir)!r}: config.json must hold a "
-                                "JSON object", setting="GATEWAY_MODEL_DIR")
+        raise EngineConfigError(f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: config.json must hold a "
+                                "JSON object", setting=GATEWAY_MODEL_DIR)
     return config
 
 
@@ -50,22 +51,22 @@ def check_weights(model_dir: Path) -> None:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
         except (OSError, ValueError, AttributeError) as error:
-            raise EngineConfigError(f"GATEWAY_MODEL_DIR={str(model_dir)!r}: {SAFETENSORS_INDEX} "
+            raise EngineConfigError(f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: {SAFETENSORS_INDEX} "
                                     f"is not a usable index ({error})",
-                                    setting="GATEWAY_MODEL_DIR") from None
+                                    setting=GATEWAY_MODEL_DIR) from None
         missing = sorted({name for name in weight_map.values()
                           if not (model_dir / str(name)).is_file()})
         if missing:
             raise EngineConfigError(
-                f"GATEWAY_MODEL_DIR={str(model_dir)!r}: {len(missing)} weight shard(s) named in "
+                f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: {len(missing)} weight shard(s) named in "
                 f"{SAFETENSORS_INDEX} are missing: {', '.join(missing[:3])}"
-                f"{' ...' if len(missing) > 3 else ''}", setting="GATEWAY_MODEL_DIR")
+                f"{' ...' if len(missing) > 3 else ''}", setting=GATEWAY_MODEL_DIR)
         return
     if not any(any(model_dir.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise EngineConfigError(
-            f"GATEWAY_MODEL_DIR={str(model_dir)!r}: no weight files there; expected "
+            f"{GATEWAY_MODEL_DIR}={str(model_dir)!r}: no weight files there; expected "
             f"{' or '.join(WEIGHT_PATTERNS)} (an uncompressed S3 prefix must hold the model's "
-            "files at its root)", setting="GATEWAY_MODEL_DIR")
+            "files at its root)", setting=GATEWAY_MODEL_DIR)
 
 
 def model_positions(config: Mapping[str, Any]) -> int | None:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gateway.api_schema import MAX_N_SCHEMA
-from gpu_budget.engine_args import ENGINE_ARGS, EngineArg, EngineArgError
+from gpu_budget.engine_args import ENGINE_ARG, ENGINE_ARGS, EngineArg, EngineArgError
 from intents import INTENT_LABELS
 from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
 from serving_contract import (
@@ -41,127 +41,65 @@ from serving_contract import (
     parse_locale_routes,
     parse_routing,
 )
+from serving_contract.environment import (
+    CONTEXT_SHARES,
+    DEFAULT_CONTEXT_SPLIT,
+    ENGINE_ENV_PREFIX,
+    GATEWAY_ADAPTERS,
+    GATEWAY_ADAPTERS_DIR,
+    GATEWAY_ADMISSION_WAIT_S,
+    GATEWAY_ADMISSION_WATERMARK,
+    GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES,
+    GATEWAY_BREAKER_CONTEXT_FACTOR,
+    GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT,
+    GATEWAY_BREAKER_OPEN_S,
+    GATEWAY_BUCKET_CAPS,
+    GATEWAY_CONTEXT_SPLIT,
+    GATEWAY_CONTEXT_STEP_TURNS,
+    GATEWAY_CRASH_LOOP_DEATHS,
+    GATEWAY_CRASH_LOOP_WINDOW_S,
+    GATEWAY_DRAIN_TIMEOUT_S,
+    GATEWAY_ENGINE,
+    GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S,
+    GATEWAY_ENGINE_RESTART_BACKOFF_S,
+    GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS,
+    GATEWAY_ENV_PREFIX,
+    GATEWAY_EXPECTED_KV_TOKENS,
+    GATEWAY_LOCALE_ROUTES,
+    GATEWAY_MAX_BODY_BYTES,
+    GATEWAY_MAX_MESSAGES,
+    GATEWAY_MAX_N,
+    GATEWAY_METRICS_ENDPOINT_NAME,
+    GATEWAY_METRICS_INTERVAL_S,
+    GATEWAY_METRICS_VARIANT_NAME,
+    GATEWAY_MODEL_DIR,
+    GATEWAY_RECOVERY_GRACE_S,
+    GATEWAY_REQUEST_DEADLINE_S,
+    GATEWAY_RETRY_AFTER_S,
+    GATEWAY_ROUTING_TABLE,
+    GATEWAY_SERVED_MODEL_NAME,
+    GATEWAY_SESSION_MAX,
+    GATEWAY_SESSION_TTL_S,
+    GATEWAY_SETTINGS,
+    GATEWAY_TEST_MODE,
+    GATEWAY_TOKEN_CACHE_MAX_TOKENS,
+    GATEWAY_TTFT_SLO_S,
+    GATEWAY_WARMUP_TIMEOUT_S,
+    RETIRED_SETTINGS,
+    ContextSplit,
+    SettingSpec,
+)
 
 SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
 SAGEMAKER_SIGKILL_AFTER_S = 30.0
-RETIRED_SETTINGS: Mapping[str, str] = {
-    "GATEWAY_BUCKET_BOUNDS": "the bucket bounds follow ENGINE_MAX_MODEL_LEN (request_buckets: "
-    "S <= 1/8, M <= 1/4, L <= 1/2 of it, XL above), so the gateway, the GPU budget and the "
-    "dashboard mean the same buckets; remove the variable",
-}
-"""Variables that no longer exist, with what replaced them."""
 
 
 class SettingsError(ValueError):
     """One or more settings are invalid; the message lists each, naming variable and value."""
 
 
-@dataclass(frozen=True)
-class SettingSpec:
-    """One environment variable: its name, default (None: optional, unset) and meaning."""
-
-    env: str
-    default: str | None
-    help: str
-
-
 SETTING_SPECS: tuple[SettingSpec, ...] = (
-    # --- where the model is and what it is called ----------------------------------------------
-    SettingSpec("GATEWAY_ENGINE", "vllm",
-                "Engine to run when `serve` gets no --engine: sim or vllm."),
-    SettingSpec("GATEWAY_MODEL_DIR", "/opt/ml/model",
-                "Model directory: tokenizer.json, tokenizer_config.json (chat template), weights."),
-    SettingSpec("GATEWAY_SERVED_MODEL_NAME", "mangaassist-base",
-                "Name of the base model in `model` and in responses."),
-    SettingSpec("GATEWAY_ADAPTERS_DIR", None,
-                "One sub-directory per LoRA adapter (default: MODEL_DIR/adapters)."),
-    SettingSpec("GATEWAY_ADAPTERS", "manga=manga_domain,support=general_support,"
-                "manga-ja=jp_translation",
-                "Served adapter name = sub-directory of the adapters directory, comma-separated."),
-    SettingSpec("GATEWAY_ROUTING_TABLE",
-                "product_question=manga,recommendation=manga,discovery=manga,"
-                "order_tracking=support,return_request=support,escalation=support,"
-                "chitchat=base,faq=base",
-                "intent=adapter (or `base`) when `model` is absent or `auto`; unlisted intents "
-                "use the base model."),
-    SettingSpec("GATEWAY_LOCALE_ROUTES", "ja-JP:manga=manga-ja",
-                "locale:adapter=replacement[,adapter=replacement][;locale:...], applied after "
-                "the routing table."),
-    # --- context budget ---------------------------------------------------------------------------
-    SettingSpec("GATEWAY_CONTEXT_SPLIT", "system=0.125,rag=0.25,history=0.5,output=0.125",
-                "Shares of ENGINE_MAX_MODEL_LEN for system+pinned messages, RAG context, history "
-                "and the default max output (512/1024/2048/512 of 4096, "
-                "docs/design-decisions.md#context-split)."),
-    SettingSpec("GATEWAY_CONTEXT_STEP_TURNS", "6",
-                "When the history outgrows its share, the window drops the oldest turns in one "
-                "step so that this many more turns of the conversation's average size fit "
-                "before the next step: between steps every prompt extends the previous one and "
-                "the engine's prefix cache serves it (docs/design-decisions.md"
-                "#prefix-stable-window)."),
-    SettingSpec("GATEWAY_TOKEN_CACHE_MAX_TOKENS", "2000000",
-                "Bound of the per-message token cache, in cached tokens (LRU)."),
-    SettingSpec("GATEWAY_MAX_MESSAGES", "512", "Most messages one request may carry."),
-    SettingSpec("GATEWAY_MAX_N", "4",
-                "Most choices (`n`) one request may ask for; each is one of the engine's "
-                "running sequences and holds its own answer's KV."),
-    SettingSpec("GATEWAY_MAX_BODY_BYTES", "1048576", "Largest request body accepted (413 above)."),
-    # --- admission --------------------------------------------------------------------------------
-    SettingSpec("GATEWAY_ADMISSION_WATERMARK", "0.9",
-                "The most of the engine's KV blocks one request may be expected to hold at its "
-                "end (prompt + expected answers), (0, 1]; more never fits. Dispatch itself "
-                "follows vLLM's rule on the whole pool."),
-    SettingSpec("GATEWAY_TTFT_SLO_S", "2.0",
-                "The time-to-first-token SLO admission serves within: a request whose forecast "
-                "first token would come later is refused at once with 429 and a Retry-After "
-                "(docs/design-decisions.md#ttft-admission)."),
-    SettingSpec("GATEWAY_ADMISSION_WAIT_S", "10",
-                "Safety net: an admitted request still queued after this long (its forecast was "
-                "wrong) gets 429 instead of waiting on."),
-    SettingSpec("GATEWAY_RETRY_AFTER_S", "2", "Retry-After (seconds) on 429/503 answers."),
-    SettingSpec("GATEWAY_BUCKET_CAPS", "S=128,M=64,L=32,XL=8",
-                "Concurrent requests allowed per bucket; the buckets (prompt + max output "
-                "tokens) are S <= 1/8, M <= 1/4, L <= 1/2 of ENGINE_MAX_MODEL_LEN, XL above."),
-    SettingSpec("GATEWAY_SESSION_TTL_S", "1200",
-                "Lifetime of a SageMaker stateful session this instance opens (its Expires), "
-                "from its creation; a conversation that lasts longer opens another "
-                "(docs/design-decisions.md#session-affinity)."),
-    SettingSpec("GATEWAY_SESSION_MAX", "100000",
-                "Most open sessions one instance remembers (the oldest is forgotten first)."),
-    SettingSpec("GATEWAY_REQUEST_DEADLINE_S", "50",
-                "Whole-request deadline; must stay below SageMaker's 60 s invoke limit."),
-    # --- circuit breaker and recovery ------------------------------------------------------------
-    SettingSpec("GATEWAY_BREAKER_OPEN_S", "30", "How long the breaker stays open after a trip."),
-    SettingSpec("GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES", "20",
-                "Successful requests in half-open that close the breaker."),
-    SettingSpec("GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT", "4",
-                "Concurrent requests allowed while half-open (the probes)."),
-    SettingSpec("GATEWAY_BREAKER_CONTEXT_FACTOR", "0.5",
-                "Multiplier of the history and RAG budgets while the breaker is not closed."),
-    SettingSpec("GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS", "5",
-                "Attempts to rebuild a dead engine before giving up (/ping turns red)."),
-    SettingSpec("GATEWAY_ENGINE_RESTART_BACKOFF_S", "1.0",
-                "Wait before rebuild attempt n is BACKOFF_S x 2^(n-1)."),
-    SettingSpec("GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S", "30", "Longest wait between attempts."),
-    SettingSpec("GATEWAY_CRASH_LOOP_DEATHS", "3",
-                "Engine deaths within the window that make a crash loop (/ping red)."),
-    SettingSpec("GATEWAY_CRASH_LOOP_WINDOW_S", "600", "Crash-loop window."),
-    SettingSpec("GATEWAY_RECOVERY_GRACE_S", "120",
-                "/ping stays 200 this long while a dead engine is being rebuilt."),
-    SettingSpec("GATEWAY_EXPECTED_KV_TOKENS", None,
-                "KV pool the GPU budget planned; the engine's real pool is compared with it at "
-                "start (a warning beyond 10 %); admission always uses the engine's figure."),
-    SettingSpec("GATEWAY_WARMUP_TIMEOUT_S", "600",
-                "Warmup must succeed within this long after the engine is ready, else /ping "
-                "turns red (failed) and SageMaker replaces the instance."),
-    SettingSpec("GATEWAY_DRAIN_TIMEOUT_S", "25",
-                "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s)."),
-    # --- metrics and test mode -------------------------------------------------------------------
-    SettingSpec("GATEWAY_METRICS_ENDPOINT_NAME", "local", "EMF dimension EndpointName."),
-    SettingSpec("GATEWAY_METRICS_VARIANT_NAME", "AllTraffic", "EMF dimension VariantName."),
-    SettingSpec("GATEWAY_METRICS_INTERVAL_S", "10",
-                "Period of the KV-usage / queue / breaker-state gauge line."),
-    SettingSpec("GATEWAY_TEST_MODE", "false",
-                "true enables /admin/* (OOM injection). Never set in production."),
+    *GATEWAY_SETTINGS,
     # --- engine arguments: the GPU budget's table (vLLM EngineArgs names) -------------------------
     *(SettingSpec(arg.env, arg.default_text, arg.help) for arg in ENGINE_ARGS),
     SettingSpec("ENGINE_SIM_STEP_TIME_S", "0.0", "Simulator: wall time per engine step."),
@@ -175,6 +113,8 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
                 "Simulator: chance per token of ending the answer (finish_reason stop)."),
     SettingSpec("ENGINE_SIM_SEED", "0", "Simulator: seed of the generated text."),
 )
+"""Every variable the gateway reads: the contract's ``GATEWAY_*`` and one ``ENGINE_*`` per row of
+the engine-argument table."""
 _KNOWN = {spec.env: spec for spec in SETTING_SPECS}
 SIM_DEFAULT_NUM_GPU_BLOCKS = 2048
 
@@ -185,16 +125,6 @@ class AdapterSpec:
 
     name: str
     directory: str
-
-
-@dataclass(frozen=True)
-class ContextSplit:
-    """Shares of max_model_len for system+pinned, RAG, history and the default output."""
-
-    system: float
-    rag: float
-    history: float
-    output: float
 
 
 @dataclass(frozen=True)
@@ -394,7 +324,7 @@ class _Reader:
 
 
 def _parse_adapters(reader: _Reader, served_model_name: str) -> tuple[AdapterSpec, ...]:
-    env = "GATEWAY_ADAPTERS"
+    env = GATEWAY_ADAPTERS
     # Set to "" it is the empty list (the base model only); only unset takes the default.
     try:
         pairs = parse_adapters(reader.raw(env, empty_means_default=False) or "")
@@ -419,7 +349,7 @@ def _parse_adapters(reader: _Reader, served_model_name: str) -> tuple[AdapterSpe
 
 
 def _parse_routing(reader: _Reader, adapter_names: set[str]) -> dict[str, str]:
-    env = "GATEWAY_ROUTING_TABLE"
+    env = GATEWAY_ROUTING_TABLE
     try:
         pairs = parse_routing(reader.raw(env, empty_means_default=False) or "")
     except FormatError as error:
@@ -439,7 +369,7 @@ def _parse_routing(reader: _Reader, adapter_names: set[str]) -> dict[str, str]:
 
 
 def _parse_locale_routes(reader: _Reader, adapter_names: set[str]) -> dict[tuple[str, str], str]:
-    env = "GATEWAY_LOCALE_ROUTES"
+    env = GATEWAY_LOCALE_ROUTES
     raw = reader.raw(env, empty_means_default=False) or ""
     known = adapter_names | {BASE_ROUTE}
     accepted = ("expected locale:adapter=replacement[,adapter=replacement][;locale:...] "
@@ -460,25 +390,23 @@ def _parse_locale_routes(reader: _Reader, adapter_names: set[str]) -> dict[tuple
 
 
 def _parse_split(reader: _Reader) -> ContextSplit:
-    env = "GATEWAY_CONTEXT_SPLIT"
+    env = GATEWAY_CONTEXT_SPLIT
     shares: dict[str, float] = {}
     for key, value in reader.pairs(env):
         try:
             share = float(value)
         except ValueError:
             share = -1.0
-        if key not in ("system", "rag", "history", "output") or not 0.0 <= share <= 1.0:
+        if key not in CONTEXT_SHARES or not 0.0 <= share <= 1.0:
             reader.fail(env, f"{key}={value}",
-                        "keys system, rag, history, output with shares in [0, 1]")
+                        f"keys {', '.join(CONTEXT_SHARES)} with shares in [0, 1]")
             continue
         shares[key] = share
-    missing = {"system", "rag", "history", "output"} - set(shares)
+    missing = set(CONTEXT_SHARES) - set(shares)
     if missing and not any(problem.startswith(env) for problem in reader.problems):
         reader.fail(env, reader.raw(env), f"missing share(s): {', '.join(sorted(missing))}")
-    split = ContextSplit(
-        system=shares.get("system", 0.125), rag=shares.get("rag", 0.25),
-        history=shares.get("history", 0.5), output=shares.get("output", 0.125),
-    )
+    # A missing share is already a problem; the default's keeps the remaining checks meaningful.
+    split = replace(DEFAULT_CONTEXT_SPLIT, **shares)
     total = split.system + split.rag + split.history + split.output
     if total > 1.0 + 1e-9:
         reader.fail(env, reader.raw(env), f"shares must add up to at most 1, they add to {total:g}")
@@ -489,18 +417,18 @@ def _parse_split(reader: _Reader) -> ContextSplit:
 
 def _parse_buckets(reader: _Reader, max_model_len: int) -> BucketPolicy:
     caps: dict[str, int] = {}
-    for key, value in reader.pairs("GATEWAY_BUCKET_CAPS"):
+    for key, value in reader.pairs(GATEWAY_BUCKET_CAPS):
         if key not in BUCKET_NAMES or not value.isdigit() or int(value) < 1:
-            reader.fail("GATEWAY_BUCKET_CAPS", f"{key}={value}",
+            reader.fail(GATEWAY_BUCKET_CAPS, f"{key}={value}",
                         f"keys {', '.join(BUCKET_NAMES)} with concurrency caps >= 1")
             continue
         caps[key] = int(value)
     if set(caps) != set(BUCKET_NAMES) and not any(
-            p.startswith("GATEWAY_BUCKET_CAPS") for p in reader.problems):
-        reader.fail("GATEWAY_BUCKET_CAPS", reader.raw("GATEWAY_BUCKET_CAPS"),
+            p.startswith(GATEWAY_BUCKET_CAPS) for p in reader.problems):
+        reader.fail(GATEWAY_BUCKET_CAPS, reader.raw(GATEWAY_BUCKET_CAPS),
                     f"all of {', '.join(BUCKET_NAMES)} are required")
-    return BucketPolicy(bounds=bucket_bounds(max_model_len),
-                        caps={"S": 128, "M": 64, "L": 32, "XL": 8, **caps})
+    # Every bucket is required: with one missing, the settings are refused (no default here).
+    return BucketPolicy(bounds=bucket_bounds(max_model_len), caps=caps)
 
 
 def _parse_engine(reader: _Reader) -> EngineSettings:
@@ -523,19 +451,19 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     for name in sorted(environ):
         if name in RETIRED_SETTINGS:
             reader.problems.append(f"{name}: no longer a setting: {RETIRED_SETTINGS[name]}")
-        elif name.startswith(("GATEWAY_", "ENGINE_")) and name not in _KNOWN:
+        elif name.startswith((GATEWAY_ENV_PREFIX, ENGINE_ENV_PREFIX)) and name not in _KNOWN:
             close = difflib.get_close_matches(name, list(_KNOWN), n=1, cutoff=0.85)
             hint = f" (did you mean {close[0]}?)" if close else ""
             reader.problems.append(f"{name}: not a known setting{hint}")
 
-    engine_name = reader.text("GATEWAY_ENGINE")
-    served = reader.text("GATEWAY_SERVED_MODEL_NAME")
+    engine_name = reader.text(GATEWAY_ENGINE)
+    served = reader.text(GATEWAY_SERVED_MODEL_NAME)
     if not SERVED_MODEL_NAME_PATTERN.match(served) or served in RESERVED_NAMES:
-        reader.fail("GATEWAY_SERVED_MODEL_NAME", served,
+        reader.fail(GATEWAY_SERVED_MODEL_NAME, served,
                     f"a name matching {SERVED_MODEL_NAME_PATTERN.pattern}, not "
                     f"'{AUTO_MODEL}'/'{BASE_ROUTE}'")
-    model_dir = Path(reader.text("GATEWAY_MODEL_DIR"))
-    adapters_dir_raw = reader.raw("GATEWAY_ADAPTERS_DIR")
+    model_dir = Path(reader.text(GATEWAY_MODEL_DIR))
+    adapters_dir_raw = reader.raw(GATEWAY_ADAPTERS_DIR)
     adapters = _parse_adapters(reader, served)
     adapter_names = {adapter.name for adapter in adapters}
     engine = _parse_engine(reader)
@@ -548,47 +476,47 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         routing_table=_parse_routing(reader, adapter_names),
         locale_routes=_parse_locale_routes(reader, adapter_names),
         context_split=_parse_split(reader),
-        context_step_turns=reader.integer("GATEWAY_CONTEXT_STEP_TURNS", minimum=1, maximum=1000),
-        token_cache_max_tokens=reader.integer("GATEWAY_TOKEN_CACHE_MAX_TOKENS", minimum=0),
-        max_messages=reader.integer("GATEWAY_MAX_MESSAGES", minimum=1, maximum=100_000),
-        max_n=reader.integer("GATEWAY_MAX_N", minimum=1, maximum=MAX_N_SCHEMA),
-        max_body_bytes=reader.integer("GATEWAY_MAX_BODY_BYTES", minimum=1024),
-        admission_watermark=reader.number("GATEWAY_ADMISSION_WATERMARK", low=0.0, high=1.0,
+        context_step_turns=reader.integer(GATEWAY_CONTEXT_STEP_TURNS, minimum=1, maximum=1000),
+        token_cache_max_tokens=reader.integer(GATEWAY_TOKEN_CACHE_MAX_TOKENS, minimum=0),
+        max_messages=reader.integer(GATEWAY_MAX_MESSAGES, minimum=1, maximum=100_000),
+        max_n=reader.integer(GATEWAY_MAX_N, minimum=1, maximum=MAX_N_SCHEMA),
+        max_body_bytes=reader.integer(GATEWAY_MAX_BODY_BYTES, minimum=1024),
+        admission_watermark=reader.number(GATEWAY_ADMISSION_WATERMARK, low=0.0, high=1.0,
                                           low_open=True),
-        ttft_slo_s=reader.number("GATEWAY_TTFT_SLO_S", low=0.05, high=59.0),
-        admission_wait_s=reader.number("GATEWAY_ADMISSION_WAIT_S", low=0.0, high=59.0),
-        retry_after_s=reader.integer("GATEWAY_RETRY_AFTER_S", minimum=1, maximum=3600),
+        ttft_slo_s=reader.number(GATEWAY_TTFT_SLO_S, low=0.05, high=59.0),
+        admission_wait_s=reader.number(GATEWAY_ADMISSION_WAIT_S, low=0.0, high=59.0),
+        retry_after_s=reader.integer(GATEWAY_RETRY_AFTER_S, minimum=1, maximum=3600),
         buckets=_parse_buckets(reader, engine.max_model_len),
-        session_ttl_s=reader.number("GATEWAY_SESSION_TTL_S", low=60.0, high=86400.0),
-        session_max=reader.integer("GATEWAY_SESSION_MAX", minimum=1, maximum=10_000_000),
-        request_deadline_s=reader.number("GATEWAY_REQUEST_DEADLINE_S", low=1.0,
+        session_ttl_s=reader.number(GATEWAY_SESSION_TTL_S, low=60.0, high=86400.0),
+        session_max=reader.integer(GATEWAY_SESSION_MAX, minimum=1, maximum=10_000_000),
+        request_deadline_s=reader.number(GATEWAY_REQUEST_DEADLINE_S, low=1.0,
                                          high=SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True),
-        breaker_open_s=reader.number("GATEWAY_BREAKER_OPEN_S", low=0.0, high=3600.0),
-        breaker_close_after_successes=reader.integer("GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES",
+        breaker_open_s=reader.number(GATEWAY_BREAKER_OPEN_S, low=0.0, high=3600.0),
+        breaker_close_after_successes=reader.integer(GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES,
                                                      minimum=1),
-        breaker_half_open_max_inflight=reader.integer("GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT",
+        breaker_half_open_max_inflight=reader.integer(GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT,
                                                       minimum=1),
-        breaker_context_factor=reader.number("GATEWAY_BREAKER_CONTEXT_FACTOR", low=0.0, high=1.0,
+        breaker_context_factor=reader.number(GATEWAY_BREAKER_CONTEXT_FACTOR, low=0.0, high=1.0,
                                              low_open=True),
-        engine_restart_max_attempts=reader.integer("GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS",
+        engine_restart_max_attempts=reader.integer(GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS,
                                                    minimum=1),
-        engine_restart_backoff_s=reader.number("GATEWAY_ENGINE_RESTART_BACKOFF_S", low=0.0,
+        engine_restart_backoff_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_S, low=0.0,
                                                high=600.0),
-        engine_restart_backoff_max_s=reader.number("GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S",
+        engine_restart_backoff_max_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S,
                                                    low=0.0, high=3600.0),
-        crash_loop_deaths=reader.integer("GATEWAY_CRASH_LOOP_DEATHS", minimum=1),
-        crash_loop_window_s=reader.number("GATEWAY_CRASH_LOOP_WINDOW_S", low=0.0, high=86400.0,
+        crash_loop_deaths=reader.integer(GATEWAY_CRASH_LOOP_DEATHS, minimum=1),
+        crash_loop_window_s=reader.number(GATEWAY_CRASH_LOOP_WINDOW_S, low=0.0, high=86400.0,
                                           low_open=True),
-        recovery_grace_s=reader.number("GATEWAY_RECOVERY_GRACE_S", low=0.0, high=3600.0,
+        recovery_grace_s=reader.number(GATEWAY_RECOVERY_GRACE_S, low=0.0, high=3600.0,
                                        low_open=True),
-        expected_kv_tokens=reader.optional_int("GATEWAY_EXPECTED_KV_TOKENS", minimum=1),
-        warmup_timeout_s=reader.number("GATEWAY_WARMUP_TIMEOUT_S", low=1.0, high=3600.0),
-        drain_timeout_s=reader.number("GATEWAY_DRAIN_TIMEOUT_S", low=0.0,
+        expected_kv_tokens=reader.optional_int(GATEWAY_EXPECTED_KV_TOKENS, minimum=1),
+        warmup_timeout_s=reader.number(GATEWAY_WARMUP_TIMEOUT_S, low=1.0, high=3600.0),
+        drain_timeout_s=reader.number(GATEWAY_DRAIN_TIMEOUT_S, low=0.0,
                                       high=SAGEMAKER_SIGKILL_AFTER_S, high_open=True),
-        metrics_endpoint_name=reader.text("GATEWAY_METRICS_ENDPOINT_NAME"),
-        metrics_variant_name=reader.text("GATEWAY_METRICS_VARIANT_NAME"),
-        metrics_interval_s=reader.number("GATEWAY_METRICS_INTERVAL_S", low=0.1, high=3600.0),
-        test_mode=reader.flag("GATEWAY_TEST_MODE"),
+        metrics_endpoint_name=reader.text(GATEWAY_METRICS_ENDPOINT_NAME),
+        metrics_variant_name=reader.text(GATEWAY_METRICS_VARIANT_NAME),
+        metrics_interval_s=reader.number(GATEWAY_METRICS_INTERVAL_S, low=0.1, high=3600.0),
+        test_mode=reader.flag(GATEWAY_TEST_MODE),
     )
     _cross_check(reader, gateway, engine)
     if reader.problems:
@@ -598,24 +526,24 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
 
 def _cross_check(reader: _Reader, gateway: GatewaySettings, engine: EngineSettings) -> None:
     if engine.max_cpu_loras is not None and engine.max_cpu_loras < engine.max_loras:
-        reader.fail("ENGINE_MAX_CPU_LORAS", engine.max_cpu_loras,
+        reader.fail(ENGINE_ARG["max_cpu_loras"].env, engine.max_cpu_loras,
                     f"must be at least ENGINE_MAX_LORAS={engine.max_loras}")
     if gateway.adapters and not engine.enable_lora:
-        reader.fail("ENGINE_ENABLE_LORA", "false",
+        reader.fail(ENGINE_ARG["enable_lora"].env, "false",
                     "must be true while GATEWAY_ADAPTERS names adapters (set GATEWAY_ADAPTERS= "
                     "to serve the base model only)")
     if gateway.admission_wait_s >= gateway.request_deadline_s:
-        reader.fail("GATEWAY_ADMISSION_WAIT_S", gateway.admission_wait_s,
+        reader.fail(GATEWAY_ADMISSION_WAIT_S, gateway.admission_wait_s,
                     f"must be below GATEWAY_REQUEST_DEADLINE_S={gateway.request_deadline_s:g}")
     if gateway.engine_restart_backoff_s > gateway.engine_restart_backoff_max_s:
-        reader.fail("GATEWAY_ENGINE_RESTART_BACKOFF_S", gateway.engine_restart_backoff_s,
+        reader.fail(GATEWAY_ENGINE_RESTART_BACKOFF_S, gateway.engine_restart_backoff_s,
                     "must not exceed GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S="
                     f"{gateway.engine_restart_backoff_max_s:g}")
     if math.floor(gateway.context_split.output * engine.max_model_len) < 1:
-        reader.fail("GATEWAY_CONTEXT_SPLIT", reader.raw("GATEWAY_CONTEXT_SPLIT"),
+        reader.fail(GATEWAY_CONTEXT_SPLIT, reader.raw(GATEWAY_CONTEXT_SPLIT),
                     f"the output share gives no token at ENGINE_MAX_MODEL_LEN="
                     f"{engine.max_model_len}")
-    for label in ("GATEWAY_METRICS_ENDPOINT_NAME", "GATEWAY_METRICS_VARIANT_NAME"):
+    for label in (GATEWAY_METRICS_ENDPOINT_NAME, GATEWAY_METRICS_VARIANT_NAME):
         value = reader.text(label)
         if not value or len(value) > 255:
             reader.fail(label, value, "a non-empty name of at most 255 characters")
