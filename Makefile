@@ -108,7 +108,7 @@ local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and
 
 intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it like the intent endpoint
 	$(PY) -m neuron.random_model build/intent-random
-	$(PY) neuron/compile.py --target cpu --model-dir build/intent-random --out build/intent-cpu --overwrite
+	$(PY) -m neuron.compile --target cpu --model-dir build/intent-random --out build/intent-cpu --overwrite
 	PYTHONPATH=.:containers/intent INTENT_MODEL_DIR=build/intent-cpu/model $(PY) containers/intent/serve
 
 bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier

@@ -1,6 +1,6 @@
 """Compile the DistilBERT intent classifier for Inferentia (inf1, inf2) or CPU, and package it.
 
-``python neuron/compile.py --target inf1|inf2|cpu --model-dir DIR --out DIR`` is the entry point.
+``python -m neuron.compile --target inf1|inf2|cpu --model-dir DIR --out DIR`` is the entry point.
 The modules beside it are small and mostly pure, so the serving container copies the ones it
 shares with the compiler (all but compile, tracing, random_model and cost) without needing
 transformers or, at import time, torch or the Neuron SDK:

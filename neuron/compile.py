@@ -1,6 +1,6 @@
 """Compile the DistilBERT intent classifier for inf1, inf2 or cpu and package model.tar.gz.
 
-    python neuron/compile.py --target inf1|inf2|cpu --model-dir DIR --out DIR
+    python -m neuron.compile --target inf1|inf2|cpu --model-dir DIR --out DIR
 
 Loads a Hugging Face DistilBERT sequence classifier and its tokenizer from a local directory,
 traces it at fixed shapes (each --batch-sizes entry × --seq-length tokens, padded) with
@@ -28,11 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-
-if __package__ in (None, ""):
-    # Run as `python neuron/compile.py`: put the repo root, not neuron/, first on the path, so
-    # `neuron` is importable and its modules cannot shadow libraries of the same name.
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from artifact_manifest import MANIFEST_FILE as ARTIFACT_MANIFEST_FILE
 from artifact_manifest import describe_files, list_artifact_files
@@ -104,7 +99,7 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     """The command line (documented in docs/intent.md)."""
     parser = argparse.ArgumentParser(
-        prog="neuron/compile.py", description=__doc__.split("\n\n")[0],
+        prog="python -m neuron.compile", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--target", required=True, choices=[t.value for t in CompileTarget])
     parser.add_argument("--model-dir", required=True, type=Path,

@@ -7,7 +7,7 @@ has DistilBERT-base's shapes (6 layers, 768 wide, 12 heads), so its latency is r
 though its answers are not.
 
 ``python -m neuron.random_model OUT_DIR [--size tiny|base]`` writes a Hugging Face model directory
-that ``neuron/compile.py --model-dir`` accepts.
+that ``python -m neuron.compile --model-dir`` accepts.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class CompiledArtifact:
-    """What one run of `python neuron/compile.py --target cpu` produced."""
+    """What one run of `python -m neuron.compile --target cpu` produced."""
 
     out_dir: Path
     artifact_dir: Path
@@ -39,9 +39,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_compile_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run neuron/compile.py exactly as a person would, from the repo root."""
+    """Run `python -m neuron.compile` exactly as a person would, from the repo root."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "neuron/compile.py", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "neuron.compile", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
