@@ -34,10 +34,10 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke promote clean
+.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -164,6 +164,18 @@ quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod 
 
 gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an adapter, then the decode-speed profile into config/decode_speed.json
 	tools/gpu_smoke.sh
+
+decode-bench: setup ## TTFT and TPOT by batch size through a running gateway: make decode-bench KEY="<gpu|model|quantization|kv>" [URL=http://127.0.0.1:8080] (gpu-smoke runs it)
+	$(PY) -m tools.decode_bench --url "$(or $(URL),http://127.0.0.1:8080)" --key "$(KEY)" $(DECODE_BENCH_FLAGS)
+
+image-check: setup ## is each image of ENV's synthesized assembly (ASSEMBLY, default cdk.out) a manifest SageMaker accepts? (a step of make deploy)
+	$(IMAGE_CHECK) --env $(ENV) --assembly $(ASSEMBLY)
+
+instance-switch: setup ## deregister ENV's variants whose instance type changes (a step of make deploy; DRY_RUN=1 only says what)
+	$(INSTANCE_SWITCH) --env $(ENV) $(if $(DRY_RUN),--dry-run)
+
+pipeline-settings: setup ## what the delivery pipeline reads for ENV (role, region); POLICY=1 prints the deploy role's permissions policy
+	$(PY) -m tools.pipeline_settings --env $(ENV) $(if $(POLICY),--deploy-role-policy)
 
 promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
 	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)
