@@ -42,7 +42,7 @@ GUARDED_SOURCES: tuple[str, ...] = (
             if path.name not in ("engine_args.py", "instances.py")),
     "containers/llm/gateway/settings.py",
     "containers/llm/gateway/engines/vllm.py",
-    "stacks/settings.py",
+    "stacks/settings/llm.py",
     "stacks/llm_endpoint.py",
 )
 """Every module that reads engine arguments. ``engine_args.py`` is the table; ``instances.py``
