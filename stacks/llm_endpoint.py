@@ -106,7 +106,9 @@ class LlmEndpoint(ModelEndpointConstruct):
     The image is built from ``containers/llm``; the model data is the uncompressed S3 prefix
     ``model_artifact`` names (weights, tokenizer, ``adapters/<directory>/``, the manifest
     ``make publish`` wrote); the engine settings are the GPU budget's plan; everything else is
-    :func:`add_model_endpoint`'s secure defaults plus the CUDA 13 inference AMI.
+    :func:`add_model_endpoint`'s secure defaults plus the CUDA 13 inference AMI. ``capacity`` is
+    the environment's capacity plan (:class:`stacks.settings.EnvironmentPlans`), made once when the
+    settings loaded.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class LlmEndpoint(ModelEndpointConstruct):
         id_: str,
         *,
         settings: LlmEndpointSettings,
+        capacity: LlmCapacity,
         endpoint_name: str,
         initial_instance_count: int,
         artifact_bucket: s3.IBucket,
@@ -127,7 +130,7 @@ class LlmEndpoint(ModelEndpointConstruct):
         super().__init__(scope, id_)
         self.endpoint_name = endpoint_name
         self.variant_name = variant_name
-        self.capacity = settings.capacity_plan()
+        self.capacity = capacity
         self.memory_plan = self.capacity.memory_plan
 
         self.ecr_image = repo_image_asset(

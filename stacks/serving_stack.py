@@ -33,7 +33,7 @@ from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
 from stacks.scaling_plan import ScalingTarget, plan_scaling
-from stacks.settings import LOG_RETENTION_DAYS, EnvironmentSettings
+from stacks.settings import LOG_RETENTION_DAYS, EnvironmentPlans, EnvironmentSettings
 
 VARIANT_NAME = "AllTraffic"
 
@@ -47,6 +47,7 @@ class ServingStack(cdk.Stack):
         id_: str,
         *,
         settings: EnvironmentSettings,
+        plans: EnvironmentPlans,
         encryption_key: kms.IKey,
         alarm_topic: sns.ITopic,
         **kwargs: Any,
@@ -96,11 +97,12 @@ class ServingStack(cdk.Stack):
         ])
 
         llm, intent = settings.llm, settings.intent
-        # One capacity plan per endpoint: the gateway's caps, the scaling numbers, the alarms'
-        # release-window floor and the template metadata the simulator reads all come from it.
-        llm_capacity = llm.capacity_plan()
-        llm_fleet = llm_capacity.fleet
-        intent_fleet = intent.fleet_plan()
+        # One capacity plan per endpoint, made when the settings loaded: the gateway's caps, the
+        # scaling numbers, the alarms' release-window floor and the template metadata the
+        # simulator reads all come from it.
+        llm_capacity = plans.llm_capacity
+        llm_fleet = plans.llm_fleet
+        intent_fleet = plans.intent_fleet
         scaling_plan = plan_scaling(
             {"llm": ScalingTarget(llm.scaling, llm_fleet),
              "intent": ScalingTarget(intent.scaling, intent_fleet)},
@@ -120,7 +122,7 @@ class ServingStack(cdk.Stack):
                 daily_minimum=max(floor.min_capacity for floor in llm_fleet.floors)),
             rollback_rules=ROLLBACK_RULES, alarm_topic=alarm_topic,
             build_endpoint=lambda scope, id_, rollback_alarms: LlmEndpoint(
-                scope, id_, settings=llm, endpoint_name=llm_endpoint_name,
+                scope, id_, settings=llm, capacity=llm_capacity, endpoint_name=llm_endpoint_name,
                 variant_name=VARIANT_NAME, initial_instance_count=llm.scaling.min_capacity,
                 artifact_bucket=artifact_bucket, model_artifact=layout.llm,
                 encryption_key=encryption_key, network=self.network,

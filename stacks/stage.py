@@ -7,24 +7,37 @@ from constructs import Construct
 
 from stacks.foundation_stack import FoundationStack
 from stacks.serving_stack import ServingStack
-from stacks.settings import FOUNDATION_STACK_ID, SERVING_STACK_ID, EnvironmentSettings
+from stacks.settings import (
+    FOUNDATION_STACK_ID,
+    SERVING_STACK_ID,
+    EnvironmentPlans,
+    EnvironmentSettings,
+    plan_environment,
+)
 
 
 class MangaAssistStage(cdk.Stage):
-    """Every stack of one environment; ``cdk deploy "<stage_name>/*"`` deploys it."""
+    """Every stack of one environment; ``cdk deploy "<stage_name>/*"`` deploys it.
 
-    def __init__(self, scope: Construct, *, settings: EnvironmentSettings) -> None:
+    ``plans`` are the environment's plans made when its settings loaded
+    (:func:`stacks.settings.load_environment`); absent, they are made here from ``settings``.
+    """
+
+    def __init__(self, scope: Construct, *, settings: EnvironmentSettings,
+                 plans: EnvironmentPlans | None = None) -> None:
         super().__init__(
             scope,
             settings.stage_name,
             env=cdk.Environment(account=settings.account, region=settings.region),
         )
         self.settings = settings
+        self.plans = plans if plans is not None else plan_environment(settings)
         self.foundation = FoundationStack(self, FOUNDATION_STACK_ID, settings=settings)
         self.serving = ServingStack(
             self,
             SERVING_STACK_ID,
             settings=settings,
+            plans=self.plans,
             encryption_key=self.foundation.kms_key,
             alarm_topic=self.foundation.alarm_topic.sns_topic,
         )

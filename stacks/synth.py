@@ -13,7 +13,12 @@ import aws_cdk as cdk
 
 from release_calendar import CalendarError
 from stacks.nag import add_nag_checks, summarize_validation_report
-from stacks.settings import CONFIG_DIR, DEFAULT_ENVIRONMENTS, SettingsError, load_environments
+from stacks.settings import (
+    CONFIG_DIR,
+    DEFAULT_ENVIRONMENTS,
+    SettingsError,
+    load_planned_environments,
+)
 from stacks.stage import MangaAssistStage
 
 CONFIG_ERRORS: tuple[type[Exception], ...] = (SettingsError, CalendarError)
@@ -56,8 +61,8 @@ def synthesize(
     names = list(environments) if environments else environment_names(app)
     config_dir = Path(os.environ.get("MANGAASSIST_CONFIG_DIR", CONFIG_DIR))
     try:
-        for settings in load_environments(names, config_dir=config_dir):
-            MangaAssistStage(app, settings=settings)
+        for environment in load_planned_environments(names, config_dir=config_dir):
+            MangaAssistStage(app, settings=environment.settings, plans=environment.plans)
     except CONFIG_ERRORS as exc:
         print(f"error: {exc}", file=stderr)
         return 1
