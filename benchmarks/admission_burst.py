@@ -40,24 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import engine_servers
 import httpx
+from engine_servers import EngineConfig, Served, ServerProcess
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
-
-import metrics_contract as mc  # noqa: E402
-from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
-from tests.support.cpu_engine import (  # noqa: E402
-    VLLM_PYTHON,
-    EngineConfig,
-    Served,
-    ServerProcess,
-    free_port,
-    gateway_command,
-    gateway_env,
-    vllm_server_command,
-)
-from tests.support.tiny_llama import cached_model_dir  # noqa: E402
+import metrics_contract as mc
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 
 MAX_TOKENS = 64
 REFUSAL_TARGET_MS = 50.0
@@ -207,19 +195,6 @@ def measure(servers: dict[str, ServerProcess], sizes: Sequence[int], rounds: int
     return results
 
 
-def start(name: str, served: Served, engine: EngineConfig, log_dir: Path) -> ServerProcess:
-    port = free_port()
-    if name == "vllm":
-        server = ServerProcess(vllm_server_command(served, engine, port=port), port=port,
-                               log_dir=log_dir, name=name, env={})
-        server.wait_healthy("/health", timeout_s=600)
-        return server
-    server = ServerProcess(gateway_command(port=port), port=port, log_dir=log_dir, name=name,
-                           env=gateway_env(served, engine, GATEWAY_METRICS_INTERVAL_S="1"))
-    server.wait_healthy("/ping", timeout_s=600)
-    return server
-
-
 def fits(served: Served, engine: EngineConfig) -> int:
     """How many of the burst's requests the pool holds at once (prompt + 64, whole blocks)."""
     from tokenizers import Tokenizer
@@ -274,10 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the raw outcomes here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    if not VLLM_PYTHON.is_file():
-        print("benchmark needs .venv-vllm (make test-engine builds it)", file=sys.stderr)
+    if engine_servers.vllm_missing():
         return 2
-    served = Served(model_dir=cached_model_dir(REPO / ".cache" / "fixtures"))
+    served = Served(model_dir=engine_servers.tiny_model())
     engine = EngineConfig(num_gpu_blocks=args.pool_blocks, max_loras=1)
     pool_fits = fits(served, engine)
     sizes = [max(1, round(pool_fits * multiple)) for multiple in args.multiples]
@@ -286,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for name in ("gateway", "vllm"):
                 print(f"starting {name} ...", file=sys.stderr, flush=True)
-                servers[name] = start(name, served, engine, Path(log_dir))
+                servers[name] = engine_servers.start_server(
+                    name, served, engine, Path(log_dir), env={"GATEWAY_METRICS_INTERVAL_S": "1"})
             results = measure(servers, sizes, args.rounds)
         finally:
             for server in servers.values():

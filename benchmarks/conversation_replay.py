@@ -46,27 +46,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import engine_servers
 import httpx
+from engine_servers import EngineConfig, Served, ServerProcess
+from tokenizers import Tokenizer
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
-
-from tokenizers import Tokenizer  # noqa: E402
-
-from gateway.service import MARKER_TEMPLATE  # noqa: E402
-from gateway.settings import load_settings  # noqa: E402
-from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN  # noqa: E402
-from tests.support.cpu_engine import (  # noqa: E402
-    VLLM_PYTHON,
-    EngineConfig,
-    Served,
-    ServerProcess,
-    free_port,
-    gateway_command,
-    gateway_env,
-    vllm_server_command,
-)
-from tests.support.tiny_llama import cached_model_dir  # noqa: E402
+from gateway.service import MARKER_TEMPLATE
+from gateway.settings import load_settings
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
 
 TARGET_STABLE_SHARE = 0.80
 TARGET_PREFILL_RATIO = 0.35
@@ -210,19 +197,10 @@ def run_turn(turn: int, servers: dict[str, ServerProcess], clients: dict[str, ht
 
 
 def start(name: str, served: Served, engine: EngineConfig, log_dir: Path) -> ServerProcess:
-    port = free_port()
-    if name == "vllm":
-        server = ServerProcess(vllm_server_command(served, engine, port=port),
-                               port=port, log_dir=log_dir, name=name, env={})
-        server.wait_healthy("/health", timeout_s=600)
-        return server
-    env = gateway_env(served, engine, GATEWAY_METRICS_INTERVAL_S="60")
+    env = {"GATEWAY_METRICS_INTERVAL_S": "60"}
     if name == "sliding":
         env["GATEWAY_CONTEXT_STEP_TURNS"] = "1"
-    server = ServerProcess(gateway_command(port=port), port=port, log_dir=log_dir, name=name,
-                           env=env)
-    server.wait_healthy("/ping", timeout_s=600)
-    return server
+    return engine_servers.start_server(name, served, engine, log_dir, env=env)
 
 
 def report(replays: dict[str, Replay], block_size: int) -> tuple[str, dict[str, Any], bool]:
@@ -285,12 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="save the measurement as JSON here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    if not VLLM_PYTHON.is_file():
-        print("benchmark needs .venv-vllm (make test-engine builds it)", file=sys.stderr)
+    if engine_servers.vllm_missing():
         return 2
-    served = Served(model_dir=cached_model_dir(REPO / ".cache" / "fixtures",
-                                               max_position_embeddings=max(4096,
-                                                                           args.max_model_len)))
+    served = Served(model_dir=engine_servers.tiny_model(
+        max_position_embeddings=max(4096, args.max_model_len)))
     engine = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=16, max_loras=1,
                           max_num_batched_tokens=max(2048, args.max_model_len))
     tokenizer = Tokenizer.from_file(str(served.model_dir / "tokenizer.json"))

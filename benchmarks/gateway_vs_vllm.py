@@ -35,24 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import engine_servers
 import httpx
+from engine_servers import AdapterFixture, EngineConfig, Served, ServerProcess, descendants
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
-
-from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA  # noqa: E402
-from tests.support.cpu_engine import (  # noqa: E402
-    VLLM_PYTHON,
-    EngineConfig,
-    Served,
-    ServerProcess,
-    descendants,
-    free_port,
-    gateway_command,
-    gateway_env,
-    vllm_server_command,
-)
-from tests.support.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
+from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 
 TURNS = (5, 30, 60)
 CONCURRENCY = (8, 32)
@@ -176,20 +163,6 @@ async def measure(servers: dict[str, ServerProcess], figures: dict[str, Figures]
             await client.aclose()
 
 
-def start(kind: str, served: Served, log_dir: Path) -> ServerProcess:
-    port = free_port()
-    if kind == "gateway":
-        server = ServerProcess(gateway_command(port=port), port=port, log_dir=log_dir,
-                               name=kind, env=gateway_env(served, ENGINE,
-                                                          GATEWAY_METRICS_INTERVAL_S="10"))
-        server.wait_healthy("/ping", timeout_s=600)
-    else:
-        server = ServerProcess(vllm_server_command(served, ENGINE, port=port), port=port,
-                               log_dir=log_dir, name=kind, env={})
-        server.wait_healthy("/health", timeout_s=600)
-    return server
-
-
 def ratio_line(label: str, ours: float, theirs: float, target: str) -> str:
     return f"| {label} | {ours:,.1f} | {theirs:,.1f} | {ours / theirs:.2f}× | {target} |"
 
@@ -238,12 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="conversation lengths to measure (default: all)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    if not VLLM_PYTHON.is_file():
-        print("benchmark needs .venv-vllm (make test-engine builds it)", file=sys.stderr)
+    if engine_servers.vllm_missing():
         return 2
     served = Served(
-        model_dir=cached_model_dir(REPO / ".cache" / "fixtures", max_position_embeddings=8192,
-                                   adapters=[AdapterFixture("manga_domain", rank=8, seed=1)]),
+        model_dir=engine_servers.tiny_model(
+            max_position_embeddings=8192,
+            adapters=[AdapterFixture("manga_domain", rank=8, seed=1)]),
         adapters={"manga": "manga_domain"})
     figures = {"gateway": Figures(), "vllm": Figures()}
     with tempfile.TemporaryDirectory(prefix="gateway-vs-vllm-") as log_dir:
@@ -251,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for kind in ("gateway", "vllm"):
                 print(f"starting {kind} ...", file=sys.stderr, flush=True)
-                servers[kind] = start(kind, served, Path(log_dir))
+                servers[kind] = engine_servers.start_server(
+                    kind, served, ENGINE, Path(log_dir), env={"GATEWAY_METRICS_INTERVAL_S": "10"})
             asyncio.run(measure(servers, figures, requests=args.requests,
                                 per_client=args.per_client, rounds=args.rounds,
                                 model=args.model, lengths=args.turns))

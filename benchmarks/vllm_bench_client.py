@@ -29,20 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
-
-from tests.support.cpu_engine import (  # noqa: E402
-    VLLM_PYTHON,
-    EngineConfig,
-    Served,
-    ServerProcess,
-    free_port,
-    gateway_command,
-    gateway_env,
-    vllm_server_command,
-)
-from tests.support.tiny_llama import cached_model_dir  # noqa: E402
+import engine_servers
+from engine_servers import REPO, VLLM_PYTHON, EngineConfig, Served, ServerProcess
 
 SHIM = """
 import importlib.metadata as metadata
@@ -132,24 +120,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless the gateway completed every request (make bench)")
     args = parser.parse_args(argv)
-    if not VLLM_PYTHON.is_file():
-        print("benchmark needs .venv-vllm (make test-engine builds it)", file=sys.stderr)
+    if engine_servers.vllm_missing():
         return 2
-    served = Served(model_dir=cached_model_dir(REPO / ".cache" / "fixtures"))
+    served = Served(model_dir=engine_servers.tiny_model())
     engine = EngineConfig(max_loras=1)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="vllm-bench-client-") as scratch:
         out = Path(scratch)
         for name in ("gateway", "vllm"):
-            port = free_port()
-            if name == "gateway":
-                server = ServerProcess(gateway_command(port=port), port=port, log_dir=out,
-                                       name=name, env=gateway_env(served, engine))
-                server.wait_healthy("/ping", timeout_s=600)
-            else:
-                server = ServerProcess(vllm_server_command(served, engine, port=port),
-                                       port=port, log_dir=out, name=name, env={})
-                server.wait_healthy("/health", timeout_s=600)
+            server = engine_servers.start_server(name, served, engine, out)
             try:
                 results[name] = bench(server, served, args, out, name)
             finally:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from quantization.candidate import write_manifest
 from quantization.gate import render_markdown, report_to_dict
 from quantization.scoring import EvalItem, TitleCatalog
 from tests.quantization.test_gate import gate, good_answer
+from tests.support.network import free_port
 from tests.tools.artifact_fixtures import write_adapters, write_model_dir
 from tools.publish.__main__ import main as publish
 from tools.publish.upload import SHA256_METADATA
@@ -148,12 +148,6 @@ class SimulatedQuantizeJob:
         job.secondary_status_transitions = [
             {"Status": job.secondary_status, "StartTime": job.creation_time,
              "StatusMessage": "Training job " + job.training_job_status.lower()}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from typing import Any
 import pytest
 
 from stacks.settings import REPO_ROOT, load_settings
+from tests.support.network import free_port
 from tests.tools.artifact_fixtures import write_adapters, write_intent_archive, write_model_dir
 from tests.tools.aws_calls import (
     Call,
@@ -80,12 +80,6 @@ class Recorded:
     @property
     def role_calls(self) -> list[Call]:
         return [call for call in self.calls if call.access_key == ROLE_KEY]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _quotas(self: Any) -> str:

@@ -19,9 +19,10 @@ import pytest
 from botocore.eventstream import EventStreamBuffer
 
 from stacks.settings import load_settings
-from tests.containers.intent.conftest import free_port, server_env, wait_until_ready
+from tests.containers.intent.conftest import server_env, wait_until_ready
 from tests.containers.llm.harness import GatewayProcess
 from tests.support.eventstream import model_stream_error, payload_part
+from tests.support.network import free_port
 from tests.support.runtime_standin import RuntimeStandin, StandinConfig
 from tools import smoke as smoke_module
 from tools.smoke import _session, main
@@ -49,12 +50,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gateway(workdir: Path) -> Iterator[GatewayProcess]:
-    from gateway.demo_model import write_model_dir
+    from tests.support.demo_model import write_model_dir
 
     model_dir = write_model_dir(workdir / "llm-model")
     process = GatewayProcess(model_dir, workdir, {
-        **gateway_env(), "GATEWAY_TEST_MODE": "true", "ENGINE_SIM_EOS_PROBABILITY": "0",
-        "ENGINE_SIM_STEP_TIME_S": "0.02"})
+        **gateway_env(), "GATEWAY_TEST_MODE": "true", "SIM_EOS_PROBABILITY": "0",
+        "SIM_STEP_TIME_S": "0.02"})
     try:
         process.wait_ready()
         yield process
@@ -189,11 +190,11 @@ def test_botocore_reads_the_event_stream_framing() -> None:
 @pytest.fixture(scope="module")
 def second_gateway(workdir: Path) -> Iterator[GatewayProcess]:
     """Another instance of the LLM endpoint (sessions must stick to one of the two)."""
-    from gateway.demo_model import write_model_dir
+    from tests.support.demo_model import write_model_dir
 
     model_dir = write_model_dir(workdir / "llm-model-2")
     process = GatewayProcess(model_dir, workdir, {**gateway_env(),
-                                                  "ENGINE_SIM_EOS_PROBABILITY": "0"})
+                                                  "SIM_EOS_PROBABILITY": "0"})
     try:
         process.wait_ready()
         yield process
@@ -236,14 +237,14 @@ def test_a_session_whose_instance_is_gone_is_reopened_and_loses_nothing(
         workdir: Path, aws_env: None) -> None:
     """The session's instance dies between two turns: SageMaker's router cannot reach it (424
     ModelError here), the caller opens a new session and sends the same history again."""
-    from gateway.demo_model import write_model_dir
+    from tests.support.demo_model import write_model_dir
 
     settings = load_settings("dev")
     model_dir = write_model_dir(workdir / "llm-model-3")
     doomed = GatewayProcess(model_dir, workdir, {**gateway_env(),
-                                                 "ENGINE_SIM_EOS_PROBABILITY": "0"})
+                                                 "SIM_EOS_PROBABILITY": "0"})
     survivor = GatewayProcess(model_dir, workdir, {**gateway_env(),
-                                                   "ENGINE_SIM_EOS_PROBABILITY": "0"})
+                                                   "SIM_EOS_PROBABILITY": "0"})
     try:
         doomed.wait_ready()
         survivor.wait_ready()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,14 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.network import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVE = REPO_ROOT / "containers" / "intent" / "serve"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_ready(base_url: str, timeout_s: float = 60.0,

@@ -24,8 +24,9 @@ from intent_server.settings import load_settings
 from neuron.manifest import manifest_from_json
 from neuron.runtime import SdkUnavailableError
 from neuron.targets import INF1_IMAGE, INF2_IMAGE
+from tests.support.network import free_port
 
-from .conftest import REPO_ROOT, SERVE, app_on_socket, free_port, server_env, wait_until_ready
+from .conftest import REPO_ROOT, SERVE, app_on_socket, server_env, wait_until_ready
 
 
 def _settings(model_dir: Path, **env: str) -> Any:

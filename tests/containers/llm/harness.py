@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,11 @@ import httpx
 from gateway.api_schema import ChatCompletionRequest
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import RequestRecord
+from tests.support.network import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-SERVE = REPO_ROOT / "containers" / "llm" / "serve"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+SERVE = REPO_ROOT / "tests" / "support" / "sim_serve.py"
+"""The gateway's ``serve`` with the simulated engine registered (``--engine sim``)."""
 
 
 class GatewayProcess:

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.containers.llm.harness import SERVE, GatewayProcess, free_port
+from tests.containers.llm.harness import SERVE, GatewayProcess
+from tests.support.network import free_port
 
 
 def load_serve() -> ModuleType:
@@ -80,7 +81,7 @@ def test_listens_on_sagemaker_bind_to_port(start_gateway: Any) -> None:
 
 
 def test_ping_answers_fast_while_the_engine_starts(start_gateway: Any) -> None:
-    gateway: GatewayProcess = start_gateway({"ENGINE_SIM_STARTUP_S": "3"})
+    gateway: GatewayProcess = start_gateway({"SIM_STARTUP_S": "3"})
     answers: list[tuple[float, int, dict[str, Any]]] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -103,8 +104,8 @@ def test_ping_answers_fast_while_the_engine_starts(start_gateway: Any) -> None:
 
 
 def test_sigterm_drains_in_flight_requests(start_gateway: Any) -> None:
-    gateway: GatewayProcess = start_gateway({"ENGINE_SIM_STEP_TIME_S": "0.01",
-                                             "ENGINE_SIM_EOS_PROBABILITY": "0"})
+    gateway: GatewayProcess = start_gateway({"SIM_STEP_TIME_S": "0.01",
+                                             "SIM_EOS_PROBABILITY": "0"})
     gateway.wait_ready()
     result: dict[str, Any] = {}
 
@@ -140,7 +141,7 @@ def test_kv_capacity_that_cannot_hold_one_request_stops_the_start(start_gateway:
 
 def test_crash_loop_turns_ping_red(start_gateway: Any) -> None:
     gateway: GatewayProcess = start_gateway({
-        "ENGINE_SIM_OOM_AT_STEP": "3",  # every engine built dies a few steps into warmup
+        "SIM_OOM_AT_STEP": "3",  # every engine built dies a few steps into warmup
         "GATEWAY_ENGINE_RESTART_BACKOFF_S": "0.05",
         "GATEWAY_CRASH_LOOP_DEATHS": "3",
     })

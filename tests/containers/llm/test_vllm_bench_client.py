@@ -17,11 +17,17 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def client() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "vllm_bench_client", REPO / "benchmarks" / "vllm_bench_client.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # As `python benchmarks/vllm_bench_client.py` runs it: its folder first on sys.path, for
+    # benchmarks/engine_servers.py beside it.
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "vllm_bench_client", REPO / "benchmarks" / "vllm_bench_client.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
     return module
 
 

@@ -1,0 +1,69 @@
+"""What the real-engine benchmarks share: the repository on sys.path, the tiny model from the
+fixture cache, and either server started on it and waited for.
+
+Each benchmark runs as ``python benchmarks/<name>.py``, which puts this folder first on sys.path,
+so ``import engine_servers`` finds this module. Importing it puts the repository and the
+gateway's folder (``containers/llm``) on sys.path, so the benchmark's ``gateway``, ``prompts`` and
+``tests.support`` imports that follow it resolve. The servers themselves are
+``tests/support/cpu_engine.py``'s: the same engine arguments as the real-engine test tier.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "containers" / "llm")]
+
+from tests.support.cpu_engine import (  # noqa: E402
+    VLLM_PYTHON,
+    EngineConfig,
+    Served,
+    ServerProcess,
+    descendants,
+    free_port,
+    gateway_command,
+    gateway_env,
+    vllm_server_command,
+)
+from tests.support.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
+
+__all__ = ["REPO", "VLLM_PYTHON", "AdapterFixture", "EngineConfig", "Served", "ServerProcess",
+           "descendants", "start_server", "tiny_model", "vllm_missing"]
+
+FIXTURE_CACHE = REPO / ".cache" / "fixtures"
+STARTUP_TIMEOUT_S = 600
+"""Either server loads the model and compiles on two cores: minutes under load."""
+
+
+def vllm_missing() -> bool:
+    """True, with what to do on stderr, when the real-engine environment is not built."""
+    if VLLM_PYTHON.is_file():
+        return False
+    print("benchmark needs .venv-vllm (make test-engine builds it)", file=sys.stderr)
+    return True
+
+
+def tiny_model(**options: Any) -> Path:
+    """The tiny random Llama-3 (built once, cached under .cache/fixtures); ``options`` go to
+    :func:`tests.support.tiny_llama.cached_model_dir`."""
+    return cached_model_dir(FIXTURE_CACHE, **options)
+
+
+def start_server(kind: str, served: Served, engine: EngineConfig, log_dir: Path, *,
+                 name: str | None = None, env: Mapping[str, str] | None = None) -> ServerProcess:
+    """``kind`` "vllm": vLLM's own OpenAI server; otherwise the gateway, with ``env`` on top of
+    its GATEWAY_/ENGINE_ variables. Started on a free port and waited for until healthy."""
+    port = free_port()
+    if kind == "vllm":
+        server = ServerProcess(vllm_server_command(served, engine, port=port), port=port,
+                               log_dir=log_dir, name=name or kind, env={})
+        server.wait_healthy("/health", timeout_s=STARTUP_TIMEOUT_S)
+        return server
+    server = ServerProcess(gateway_command(port=port), port=port, log_dir=log_dir,
+                           name=name or kind, env=gateway_env(served, engine, **(env or {})))
+    server.wait_healthy("/ping", timeout_s=STARTUP_TIMEOUT_S)
+    return server
