@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost capacity local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup synth simulate cost capacity budget local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -98,10 +98,13 @@ cost: synth ## monthly price of each endpoint of ENV from its synthesized scalin
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
 capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces
-	$(PY) -m capacity_model plan --env $(ENV)
-	$(PY) -m capacity_model pools --env $(ENV)
+	$(PY) -m tools.capacity plan --env $(ENV)
+	$(PY) -m tools.capacity pools --env $(ENV)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 	stage=$$($(STAGE_OF_ENV)); $(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-$$stage/$${stage}Serving*.template.json) --spike-env $(ENV) --plot-dir docs/img
+
+budget: setup ## the GPU memory plan ENV's LLM endpoint is deployed with (docs/gpu-budget.md); any configuration: python -m tools.budget plan --help
+	$(PY) -m tools.budget env --env $(ENV)
 
 local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
 	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))

@@ -9,7 +9,7 @@ fleet's target-tracking targets, step thresholds and daily minima and maxima, an
 calendar's inputs. The stacks, the scaling simulator and the cost report all read it; none of
 them holds a capacity number of its own.
 
-Pure package: no AWS or CDK imports (``python -m capacity_model`` reads the settings).
+Pure package: no AWS or CDK imports and no settings (``python -m tools.capacity`` reads those).
 """
 
 from capacity_model.conversations import AMPERE_FP8_KV, ConversationOption, conversation_options

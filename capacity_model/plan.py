@@ -1,7 +1,7 @@
 """The LLM endpoint's whole capacity plan, from the GPU budget to the fleet, in one object.
 
 :func:`llm_capacity` is what the stacks, the simulator's and the cost report's inputs and
-``python -m capacity_model`` all call: the GPU budget's plan, the request mix, the GPU's rates
+``python -m tools.capacity`` all call: the GPU budget's plan, the request mix, the GPU's rates
 (:mod:`capacity_model.rates`, at a scenario), prefix reuse and the latency SLOs give one
 instance's capacity (:mod:`capacity_model.instance`); that, the daily traffic profile and the
 policy's shape give the fleet's numbers (:mod:`capacity_model.fleet`); and the long-conversation

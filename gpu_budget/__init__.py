@@ -5,7 +5,7 @@ the synth with :class:`BudgetError`), pass :meth:`MemoryPlan.engine_args` to the
 container, and the container checks the engine's real KV pool with
 :func:`compare_engine_report`. Every engine argument's name, type, bounds and default is one row
 of :data:`ENGINE_ARGS` (:mod:`gpu_budget.engine_args`), which the plan, the container's settings,
-the vLLM adapter and the stack's settings all read. ``python -m gpu_budget plan ...`` prints the
+the vLLM adapter and the stack's settings all read. ``python -m tools.budget plan ...`` prints the
 same plan.
 
 Pure package: no AWS, CDK or torch imports; matplotlib only inside :func:`plot_plan`.

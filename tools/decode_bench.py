@@ -40,7 +40,6 @@ from typing import Any
 
 import httpx
 
-from capacity_model.cli import batch_sizes_argument
 from capacity_model.decode_speed import (
     DecodePoint,
     DecodeProfile,
@@ -48,6 +47,7 @@ from capacity_model.decode_speed import (
     Latency,
     parse_decode_table,
 )
+from tools.capacity.arguments import batch_sizes_argument
 
 FILLER = ("Which manga series are like One Piece, with a long adventure, a crew of friends and "
           "a world full of islands? ")

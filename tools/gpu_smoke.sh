@@ -22,7 +22,7 @@
 #   DECODE_KEY="NVIDIA A10G|llama-3-8b-instruct|w4a16 int4 g128|auto" DECODE_BATCH_SIZES=1,8,16,32,48,64,88 \
 #   make gpu-smoke
 #
-# (the key is `python -m capacity_model plan --env prod`'s "Decode speed" line). DECODE_WRITE=0
+# (the key is `python -m tools.capacity plan --env prod`'s "Decode speed" line). DECODE_WRITE=0
 # prints the profile instead of writing it.
 set -euo pipefail
 

@@ -1,5 +1,5 @@
 """The capacity figures docs/capacity.md and the README quote are the model's own output: every
-quoted line of ``python -m capacity_model plan --env prod`` is in what it prints now, and the pool
+quoted line of ``python -m tools.capacity plan --env prod`` is in what it prints now, and the pool
 table is what ``pools`` prints. (The priced figures are checked in tests/tools/test_cost_report.py
 against a fresh ``make cost`` run.)"""
 
@@ -19,11 +19,11 @@ README = REPO_ROOT / "README.md"
 
 def quoted_plan_lines(path: object) -> list[str]:
     """Lines of the ```text blocks that quote the plan (docs/capacity.md: all of them; README:
-    the one under "$ python -m capacity_model plan")."""
+    the one under "$ python -m tools.capacity plan")."""
     text = path.read_text(encoding="utf-8")  # type: ignore[attr-defined]
     blocks = re.findall(r"```text\n(.*?)\n```", text, re.DOTALL)
     if path == README:
-        blocks = [b for b in blocks if b.startswith("$ python -m capacity_model plan")]
+        blocks = [b for b in blocks if b.startswith("$ python -m tools.capacity plan")]
     return [line for block in blocks for line in block.splitlines()
             if line.strip() and not line.startswith("$ ")]
 

@@ -1,12 +1,13 @@
-"""``python -m capacity_model``: print an environment's capacity plan, or estimate a decode profile.
+"""``python -m tools.capacity``: print an environment's capacity plan, or estimate a decode profile.
 
-A thin shell: it reads ``config/<env>.yaml`` through :mod:`stacks.settings` (the same validated
-object the stacks get) and prints what :func:`capacity_model.llm_capacity` derives. Exit codes:
-0 fine, 2 a bad argument or configuration (one line per problem).
+A thin operator shell over the pure :mod:`capacity_model`: it loads ``config/<env>.yaml`` through
+:mod:`stacks.settings` (the same validated settings and plans the stacks get) and prints what
+:func:`capacity_model.llm_capacity` derived. Exit codes: 0 fine, 2 a bad argument or
+configuration (one line per problem). ``make capacity ENV=prod`` runs ``plan`` and ``pools``.
 
-    python -m capacity_model plan --env prod
-    python -m capacity_model pools --env prod
-    python -m capacity_model estimate --env prod --prompt-tokens 900 --output-tokens 190 \
+    python -m tools.capacity plan --env prod
+    python -m tools.capacity pools --env prod
+    python -m tools.capacity estimate --env prod --prompt-tokens 900 --output-tokens 190 \
         --kv-cache-dtype fp8_e5m2 --write
 
 ``estimate`` takes the GPU's rates from the decode-speed table (``rates``, at ``--scenario``);
@@ -19,46 +20,24 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from capacity_model.decode_speed import DecodeSpeedTable, DecodeTableError, parse_decode_table
+from capacity_model.pools import evaluate_pools, seed_002_options
 from capacity_model.rates import SCENARIOS
 from capacity_model.report import format_capacity, format_pools
 from capacity_model.roofline import RooflineInputs, estimate_profile
+from gpu_budget import MemoryPlan
+from stacks.settings import REPO_ROOT, SettingsError, load_environment
+from tools.capacity.arguments import batch_sizes_argument, positive
 
-if TYPE_CHECKING:
-    from gpu_budget import MemoryPlan
-
-PROG = "capacity_model"
+PROG = "tools.capacity"
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192)
 
 
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: error: {message} (see --help)\n")
-
-
-def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-        return value
-    return parse
-
-
-def batch_sizes_argument(text: str) -> list[int]:
-    """argparse type for a comma-separated list of batch sizes (sorted, unique, each >= 1)."""
-    try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers like 1,8,32") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: accepted: integers >= 1")
-    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,16 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="plan this instance type instead of the environment's")
     estimate.add_argument("--scenario", choices=SCENARIOS, default="central",
                           help="which end of the rates' ranges (default: %(default)s)")
-    estimate.add_argument("--memory-bandwidth-gb-s", type=_positive(float), default=None)
-    estimate.add_argument("--bandwidth-efficiency", type=_positive(float), default=None)
-    estimate.add_argument("--prefill-tokens-per-s", type=_positive(float), default=None)
-    estimate.add_argument("--decode-compute-tokens-per-s", type=_positive(float), default=None)
-    estimate.add_argument("--prompt-tokens", type=_positive(int), required=True)
+    estimate.add_argument("--memory-bandwidth-gb-s", type=positive(float), default=None)
+    estimate.add_argument("--bandwidth-efficiency", type=positive(float), default=None)
+    estimate.add_argument("--prefill-tokens-per-s", type=positive(float), default=None)
+    estimate.add_argument("--decode-compute-tokens-per-s", type=positive(float), default=None)
+    estimate.add_argument("--prompt-tokens", type=positive(int), required=True)
     estimate.add_argument("--cached-prompt-tokens", type=int, default=0,
                           help="prompt tokens the prefix cache serves (default: 0)")
-    estimate.add_argument("--output-tokens", type=_positive(int), required=True)
-    estimate.add_argument("--ttft-p99-over-p50", type=_positive(float), default=2.29)
-    estimate.add_argument("--tpot-p99-over-p50", type=_positive(float), default=1.05)
+    estimate.add_argument("--output-tokens", type=positive(int), required=True)
+    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=2.29)
+    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05)
     estimate.add_argument("--batch-sizes", type=batch_sizes_argument,
                           default=list(DEFAULT_BATCH_SIZES))
     estimate.add_argument("--write", action="store_true",
@@ -103,24 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from stacks.settings import REPO_ROOT, SettingsError, load_settings
-
     try:
-        settings = load_settings(args.env).llm
+        environment = load_environment(args.env)
     except SettingsError as error:
         for line in str(error).splitlines():
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return 2
+    settings, capacity = environment.settings.llm, environment.plans.llm_capacity
     if args.command == "pools":
-        from capacity_model.pools import evaluate_pools, seed_002_options
-
-        capacity = settings.capacity_plan()
         options = evaluate_pools(capacity, settings.memory_plan, settings.decode_speed_table(),
                                  seed_002_options(settings.instance_type, args.faster))
         print(format_pools(options))
         return 0
     if args.command == "plan":
-        capacity = settings.capacity_plan()
         if args.json:
             print(json.dumps({"instance": capacity.instance.to_dict(),
                               "fleet": capacity.fleet.to_dict(),
@@ -129,9 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(format_capacity(capacity))
         return 0
-    path = REPO_ROOT / settings.capacity.decode_speed_file
+    return _estimate(args, settings.capacity.decode_speed_file,
+                     settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype,
+                                          instance=args.instance))
+
+
+def _estimate(args: argparse.Namespace, decode_speed_file: str, plan: MemoryPlan) -> int:
+    """``estimate``: print the roofline's decode profile, or write it into the table."""
+    path = REPO_ROOT / decode_speed_file
     table = parse_decode_table(path.read_text(encoding="utf-8"), source=str(path))
-    plan = settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype, instance=args.instance)
     try:
         inputs = _estimate_inputs(args, table, plan)
     except (ValueError, DecodeTableError) as error:

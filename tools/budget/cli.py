@@ -1,7 +1,10 @@
-"""``python -m gpu_budget``: print a plan, compare static and paged KV, list instance types.
+"""``python -m tools.budget``: print a plan, compare static and paged KV, list instance types.
 
-A thin shell over the library: argument parsing, file reading and printing. Exit codes: 0 fine,
-1 the configuration does not fit (the refusal paragraph is printed), 2 a bad argument (one line).
+A thin operator shell over the pure :mod:`gpu_budget`: argument parsing, file reading and
+printing. ``env --env ENV`` prints the plan an environment's LLM endpoint is deployed with (the
+one its settings produced when they loaded; ``make budget ENV=prod``). Exit codes: 0 fine, 1 the
+configuration does not fit (the refusal paragraph is printed), 2 a bad argument or configuration
+(one line each).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from gpu_budget.planner import BudgetError, MemoryPlan, plan
 from gpu_budget.report import format_plan, format_static_vs_paged
 from gpu_budget.static_paged import static_vs_paged
 from gpu_budget.weights import QUANTIZATION_CHOICES
+from stacks.settings import SettingsError, load_environment
 
-PROG = "gpu_budget"
+PROG = "tools.budget"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -115,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sizing_arguments(compare)
     instances = sub.add_parser("instances", help="list the instance catalog")
     instances.add_argument("--json", action="store_true")
+    environment = sub.add_parser("env", help="print the memory plan of an environment's LLM "
+                                 "endpoint (config/<env>.yaml)")
+    environment.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
+    environment.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -187,6 +195,19 @@ def _list_instances(as_json: bool) -> str:
     return "\n".join(lines)
 
 
+def _environment_plan(name: str, *, as_json: bool) -> int:
+    """``env``: the plan ``config/<name>.yaml``'s LLM endpoint gets (made when it loaded)."""
+    try:
+        environment = load_environment(name)
+    except SettingsError as error:
+        for line in str(error).splitlines():
+            print(f"{PROG}: error: {line}", file=sys.stderr)
+        return 2
+    memory_plan = environment.plans.llm_memory
+    print(memory_plan.to_json() if as_json else format_plan(memory_plan))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
@@ -194,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "instances":
         print(_list_instances(args.json))
         return 0
+    if args.command == "env":
+        return _environment_plan(args.env, as_json=args.json)
     if args.command == "plan" and args.plot is not None and args.plot.suffix.lower() != ".png":
         parser.error(f"--plot must name a .png file, got {str(args.plot)!r}")
     try:

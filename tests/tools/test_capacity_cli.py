@@ -1,4 +1,4 @@
-"""``python -m capacity_model``: the plan an environment gets, and the estimate it reproduces."""
+"""``python -m tools.capacity``: the plan an environment gets, and the estimate it reproduces."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from capacity_model import parse_decode_table
-from capacity_model.cli import main
 from stacks.settings import REPO_ROOT, load_settings
+from tools.capacity.cli import main
 
 
 def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,7 +95,7 @@ def test_estimate_writes_into_a_copy_of_the_table(tmp_path: Path) -> None:
     shutil.copytree(REPO_ROOT / "config", copy / "config")
     script = ("import sys; import stacks.settings as s; from pathlib import Path; "
               f"s.REPO_ROOT = Path({str(copy)!r}); s.CONFIG_DIR = s.REPO_ROOT / 'config'; "
-              "from capacity_model.cli import main; sys.exit(main(sys.argv[1:]))")
+              "from tools.capacity.cli import main; sys.exit(main(sys.argv[1:]))")
     result = subprocess.run(
         [sys.executable, "-c", script, "estimate", "--env", "dev", "--kv-cache-dtype",
          "fp8_e5m2", "--memory-bandwidth-gb-s", "600", "--prefill-tokens-per-s", "3000",

@@ -1,4 +1,4 @@
-"""``python -m gpu_budget``: tables, JSON, the plot, and one-line errors with exit codes."""
+"""``python -m tools.budget``: tables, JSON, the plot, and one-line errors with exit codes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_budget import plan
-from gpu_budget.cli import main
+from stacks.settings import load_environment
+from tools.budget.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = "config/models/llama-3-8b-instruct.json"
@@ -94,7 +95,7 @@ def test_bad_arguments_are_one_line_exit_2(
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1, err
-    assert err.startswith("gpu_budget: error: "), err
+    assert err.startswith("tools.budget: error: "), err
     assert fragment in err
 
 
@@ -104,7 +105,7 @@ def test_impossible_configuration_is_refused_exit_1(capsys: pytest.CaptureFixtur
     assert code == 1
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith("gpu_budget: refused: llama-3-70b-instruct")
+    assert err.startswith("tools.budget: refused: llama-3-70b-instruct")
     assert "131.4 GiB per GPU" in err
     assert "Fixes: quantize to AWQ int4" in err
 
@@ -155,7 +156,7 @@ def test_instances_listing(capsys: pytest.CaptureFixture[str]) -> None:
 def test_module_entry_point_and_import_purity() -> None:
     """Run the CLI as a person would, and check the package pulls in no heavy dependency."""
     result = subprocess.run(
-        [sys.executable, "-m", "gpu_budget", *README_ARGS[:1], "--model", LLAMA_8B,
+        [sys.executable, "-m", "tools.budget", *README_ARGS[:1], "--model", LLAMA_8B,
          "--quantization", "awq", "--instance", "ml.g5.xlarge", "--max-model-len", "4096",
          "--json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
@@ -163,10 +164,21 @@ def test_module_entry_point_and_import_purity() -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["kv_pool_tokens"] == 106_048
     probe = (
-        "import sys, gpu_budget, gpu_budget.cli; "
+        "import sys, gpu_budget, tools.budget.cli; "
         "heavy = [m for m in ('torch', 'matplotlib', 'boto3', 'aws_cdk', 'transformers') "
         "if m in sys.modules]; print(heavy)"
     )
     imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=60, check=True)
     assert imported.stdout.strip() == "[]"
+
+
+def test_an_environment_prints_the_plan_its_endpoint_gets(capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """``make budget ENV=prod``: the plan made when prod's settings loaded."""
+    code, out, _ = _run(["env", "--env", "prod", "--json"], capsys)
+    assert code == 0
+    assert json.loads(out) == json.loads(load_environment("prod").plans.llm_memory.to_json())
+    code, _, err = _run(["env", "--env", "nowhere"], capsys)
+    assert code == 2
+    assert err.startswith("tools.budget: error: config/nowhere.yaml: no such environment file")
