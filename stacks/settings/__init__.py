@@ -94,6 +94,8 @@ from stacks.settings.naming import (
     serving_stack_name,
 )
 from stacks.settings.plans import (
+    CAPACITY_ERRORS,
+    PLANNED_SECTIONS,
     EnvironmentPlans,
     LlmPlans,
     PlanRefused,
@@ -101,6 +103,7 @@ from stacks.settings.plans import (
     plan_environment,
     plan_intent,
     plan_llm,
+    refusal_of,
 )
 from stacks.settings.release_calendar import ReleaseCalendarSettings
 from stacks.settings.scaling import (
@@ -114,6 +117,7 @@ from stacks.settings.scaling import (
 )
 
 __all__ = [
+    "CAPACITY_ERRORS",
     "CONFIG_DIR",
     "DEFAULT_ENVIRONMENTS",
     "DEFAULT_STEP_PERCENT",
@@ -122,6 +126,7 @@ __all__ = [
     "HIGH_RESOLUTION_PERIOD_S",
     "KNOWN_REGIONS",
     "LOG_RETENTION_DAYS",
+    "PLANNED_SECTIONS",
     "REPO_ROOT",
     "SERVING_STACK_ID",
     "TRACKING_DATAPOINTS",
@@ -192,6 +197,7 @@ __all__ = [
     "plan_environment",
     "plan_intent",
     "plan_llm",
+    "refusal_of",
     "resource_prefix",
     "role_name",
     "serving_stack_name",

@@ -42,7 +42,7 @@ from stacks.settings.endpoint import EndpointAlarmSettings, HealthCheckSettings
 from stacks.settings.scaling import ScalingSettings
 
 
-def engine_table_choice(name: str, value: int) -> int:
+def _engine_table_choice(name: str, value: int) -> int:
     """``value`` if the engine-argument table's row ``name`` accepts it, else ValueError."""
     choices = ENGINE_ARG[name].choices
     if value not in choices:
@@ -67,7 +67,7 @@ class LoraAdapterSettings(StrictModel):
     @field_validator("rank")
     @classmethod
     def _vllm_rank(cls, value: int) -> int:
-        return engine_table_choice("max_lora_rank", value)
+        return _engine_table_choice("max_lora_rank", value)
 
 
 class BaseModelSettings(StrictModel):
@@ -253,7 +253,7 @@ class LlmEndpointSettings(StrictModel):
     @field_validator("block_size")
     @classmethod
     def _engine_block_size(cls, value: int) -> int:
-        return engine_table_choice("block_size", value)
+        return _engine_table_choice("block_size", value)
 
     @field_validator("instance_type")
     @classmethod
