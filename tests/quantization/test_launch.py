@@ -43,6 +43,7 @@ from quantization.candidate import write_manifest
 from quantization.gate import render_markdown, report_to_dict
 from quantization.scoring import EvalItem, TitleCatalog
 from tests.quantization.test_gate import gate, good_answer
+from tests.support.aws import FAKE_CREDENTIALS
 from tests.support.network import free_port
 from tests.tools.artifact_fixtures import write_adapters, write_model_dir
 from tools.publish.__main__ import main as publish
@@ -228,8 +229,8 @@ def _provision(endpoint_url: str, tmp: Path) -> None:
 
 def launch(job: SimulatedQuantizeJob, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"AWS_ENDPOINT_URL": job.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "PYTHONPATH": str(REPO_ROOT)})
+    env.update({"AWS_ENDPOINT_URL": job.endpoint_url, **FAKE_CREDENTIALS,
+                "PYTHONPATH": str(REPO_ROOT)})
     return subprocess.run(
         [str(sagemaker_python()), "-m", "tools.quantize", "--env", "prod", "--poll-s", "0",
          *args],
@@ -341,8 +342,7 @@ def make_on_server(aws: SimulatedQuantizeJob, *args: str, config: Path | None = 
                    ) -> subprocess.CompletedProcess[str]:
     """A make target of the README, against the moto server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"AWS_ENDPOINT_URL": aws.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing"})
+    env.update({"AWS_ENDPOINT_URL": aws.endpoint_url, **FAKE_CREDENTIALS})
     if config is not None:
         env["MANGAASSIST_CONFIG_DIR"] = str(config)
     return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO_ROOT, env=env,

@@ -15,6 +15,8 @@ import boto3
 import pytest
 from botocore.validate import ParamValidator
 
+from tests.support.aws import fake_credentials
+
 moto = pytest.importorskip("moto")
 from moto.sagemaker import models as sagemaker_models  # noqa: E402
 
@@ -23,9 +25,7 @@ REGION = "ap-northeast-1"
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(name, value)
+    fake_credentials(monkeypatch, REGION)
     monkeypatch.setattr(sagemaker_models.FakeEndpointConfig, "validate_instance_type",
                         lambda self, instance_type: None)
     with moto.mock_aws():

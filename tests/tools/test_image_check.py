@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from stacks.settings import load_settings
+from tests.support.aws import fake_credentials
 from tools.image_check import (
     DOCKER_V2_MANIFEST,
     ImageDestination,
@@ -55,9 +56,7 @@ def ecr(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import boto3
     from moto import mock_aws
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": PROD.region}.items():
-        monkeypatch.setenv(name, value)
+    fake_credentials(monkeypatch, PROD.region)
     with mock_aws():
         session = boto3.Session(region_name=PROD.region)
         session.client("ecr").create_repository(repositoryName=REPOSITORY)

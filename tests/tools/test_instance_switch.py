@@ -27,6 +27,7 @@ import pytest
 
 from stacks.settings import CONFIG_DIR, load_settings
 from stacks.variant_scaling import scalable_target_id
+from tests.support.aws import fake_credentials
 from tools.instance_switch import SCALABLE_DIMENSION, main
 
 PROD = load_settings("prod")
@@ -42,9 +43,7 @@ def account(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import boto3
     from moto import mock_aws
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": PROD.region}.items():
-        monkeypatch.setenv(name, value)
+    fake_credentials(monkeypatch, PROD.region)
     with mock_aws():
         session = boto3.Session(region_name=PROD.region)
         sagemaker = session.client("sagemaker")

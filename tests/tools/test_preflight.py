@@ -34,6 +34,7 @@ from botocore.stub import Stubber
 
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import load_settings
+from tests.support.aws import fake_credentials
 from tests.tools.artifact_fixtures import (
     aws_environment,
     write_adapters,
@@ -52,11 +53,8 @@ QUOTA_CODES = {"ml.g5.xlarge for endpoint usage": "L-1928E07B",
 
 
 @pytest.fixture(autouse=True)
-def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": DEV.region}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_credentials(monkeypatch, DEV.region)
 
 
 class StubbedQuotas:

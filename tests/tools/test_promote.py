@@ -29,6 +29,7 @@ from quantization import job_outputs
 from quantization.candidate import write_manifest
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, load_settings
+from tests.support.aws import fake_credentials
 from tests.tools.artifact_fixtures import (
     AwsEnvironment,
     aws_environment,
@@ -52,12 +53,8 @@ PASSED = json.dumps({"passed": True, "failed_checks": [], "checks": []})
 
 
 @pytest.fixture(autouse=True)
-def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing",
-                        "AWS_DEFAULT_REGION": "ap-northeast-1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_credentials(monkeypatch)
 
 
 def config_dir(tmp_path: Path, artifact_prefix: str) -> Path:

@@ -16,6 +16,7 @@ import pytest
 from artifact_manifest import artifact_files_from_json
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import REPO_ROOT, load_settings
+from tests.support.aws import fake_credentials
 from tests.tools.artifact_fixtures import (
     W4A16_CONFIG,
     aws_environment,
@@ -31,11 +32,8 @@ LAYOUT = artifact_layout(DEV)
 
 
 @pytest.fixture(autouse=True)
-def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": DEV.region}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_credentials(monkeypatch, DEV.region)
 
 
 @pytest.fixture

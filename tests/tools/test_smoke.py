@@ -21,6 +21,7 @@ from botocore.eventstream import EventStreamBuffer
 from stacks.settings import load_settings
 from tests.containers.intent.conftest import server_env, wait_until_ready
 from tests.containers.llm.harness import GatewayProcess
+from tests.support.aws import fake_credentials
 from tests.support.eventstream import model_stream_error, payload_part
 from tests.support.network import free_port
 from tests.support.runtime_standin import RuntimeStandin, StandinConfig
@@ -104,8 +105,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MANGAASSIST_CONFIG_DIR", str(tmp_path / "config"))
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    fake_credentials(monkeypatch)
 
 
 def smoke(standin: RuntimeStandin, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:

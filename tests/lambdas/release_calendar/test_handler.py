@@ -23,6 +23,7 @@ from release_calendar import (
     calendar_json,
     capacity_models_to_json,
 )
+from tests.support.aws import fake_credentials
 
 SHIPPED = Path(__file__).resolve().parents[3] / "config" / "release_calendar.yaml"
 LLM = "endpoint/mangaassist-llm-dev/variant/AllTraffic"
@@ -56,13 +57,10 @@ def calendar_document(**changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "ap-northeast-1",
-                        "CALENDAR_BUCKET": BUCKET, "CALENDAR_KEY": KEY,
-                        "CALENDAR_CAPACITY_MODELS": capacity_models_to_json(MODELS),
-                        "SCALABLE_TARGET_LLM": LLM, "SCALABLE_TARGET_INTENT": INTENT,
-                        "HORIZON_DAYS": "14", "ENVIRONMENT": "dev"}.items():
-        monkeypatch.setenv(name, value)
+    fake_credentials(monkeypatch, CALENDAR_BUCKET=BUCKET, CALENDAR_KEY=KEY,
+                     CALENDAR_CAPACITY_MODELS=capacity_models_to_json(MODELS),
+                     SCALABLE_TARGET_LLM=LLM, SCALABLE_TARGET_INTENT=INTENT,
+                     HORIZON_DAYS="14", ENVIRONMENT="dev")
     monkeypatch.delenv("DRY_RUN", raising=False)
     monkeypatch.delenv("CALENDAR_PARAMETER", raising=False)
     monkeypatch.setattr(calendar_lambda, "utc_now", lambda: NOW.astimezone(dt.UTC))

@@ -14,6 +14,7 @@ from moto import mock_aws
 
 import metrics_contract as mc
 from lambdas.scaling_limits import handler as limits_lambda
+from tests.support.aws import fake_credentials
 
 LLM = "endpoint/manga-assist-dev-llm/variant/AllTraffic"
 INTENT = "endpoint/manga-assist-dev-intent/variant/AllTraffic"
@@ -22,10 +23,7 @@ DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 
 @pytest.fixture
 def aas(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "ap-northeast-1",
-                        "SCALABLE_TARGETS": f"{LLM},{INTENT}"}.items():
-        monkeypatch.setenv(name, value)
+    fake_credentials(monkeypatch, SCALABLE_TARGETS=f"{LLM},{INTENT}")
     with mock_aws():
         client = boto3.client("application-autoscaling")
         for resource_id, (low, high) in {LLM: (4, 20), INTENT: (2, 8)}.items():
