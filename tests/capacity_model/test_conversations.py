@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from capacity_model import AMPERE_FP8_KV, LlmCapacity, conversation_options
 from gpu_budget import INSTANCE_CATALOG
 from stacks.settings import load_settings
-
-
-@pytest.fixture(scope="module")
-def prod() -> LlmCapacity:
-    return load_settings("prod").llm.capacity_plan()
 
 
 def by_name(capacity: LlmCapacity) -> dict[str, object]:

@@ -26,6 +26,7 @@ from stacks.settings import REPO_ROOT, EnvironmentSettings, ScalingSettings, par
 from stacks.stage import MangaAssistStage
 from stacks.synth import feature_flags
 from tests.conftest import read_assembly
+from tests.support.templates import properties, resources
 from tools.scaling_sim.__main__ import simulation_params
 from tools.scaling_sim.engine import SimulationParams
 from tools.scaling_sim.template import INVOCATIONS_PER_INSTANCE, scaling_setup
@@ -67,13 +68,9 @@ def variants(synthesized, tmp_path_factory: pytest.TempPathFactory  # type: igno
             "moved": (moved, read_assembly(Path(outdir)).template("Prod/Serving"))}
 
 
-def resources(template: dict[str, Any], kind: str, prefix: str) -> list[dict[str, Any]]:
-    return [r for k, r in template["Resources"].items()
-            if r["Type"] == kind and k.startswith(prefix)]
-
-
 def llm_target(template: dict[str, Any]) -> dict[str, Any]:
-    (target,) = resources(template, "AWS::ApplicationAutoScaling::ScalableTarget", "LlmScaling")
+    (target,) = resources(template, "AWS::ApplicationAutoScaling::ScalableTarget",
+                          "LlmScaling").values()
     return target
 
 
@@ -96,7 +93,7 @@ def test_the_moved_inputs_move_every_derived_number(variants: dict[str, Any]) ->
 def test_the_gateway_admits_what_the_model_sized(variants: dict[str, Any], variant: str) -> None:
     settings, template = variants[variant]
     capacity: LlmCapacity = settings.llm.capacity_plan()
-    (model,) = resources(template, "AWS::SageMaker::Model", "LlmEndpoint")
+    (model,) = resources(template, "AWS::SageMaker::Model", "LlmEndpoint").values()
     env = model["Properties"]["PrimaryContainer"]["Environment"]
     assert env["GATEWAY_BUCKET_CAPS"] == capacity.instance.gateway_bucket_caps()
     assert env["GATEWAY_BUCKET_CAPS"] != GATEWAY_DEFAULT_CAPS
@@ -110,8 +107,8 @@ def test_scaling_numbers_are_the_fleet_plans(variants: dict[str, Any], variant: 
     settings, template = variants[variant]
     fleet: FleetPlan = settings.llm.fleet_plan()
     target = llm_target(template)
-    policies = [r["Properties"] for r in resources(
-        template, "AWS::ApplicationAutoScaling::ScalingPolicy", "LlmScaling")]
+    policies = list(properties(template, "AWS::ApplicationAutoScaling::ScalingPolicy",
+                               "LlmScaling").values())
     tracking = {p["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"][
         "PredefinedMetricType"]: p["TargetTrackingScalingPolicyConfiguration"]["TargetValue"]
         for p in policies if p["PolicyType"] == "TargetTrackingScaling"}
@@ -124,8 +121,7 @@ def test_scaling_numbers_are_the_fleet_plans(variants: dict[str, Any], variant: 
                      s["ScalingAdjustment"])
                     for s in step["StepScalingPolicyConfiguration"]["StepAdjustments"])
     assert bounds == [tuple(i) for i in fleet.step_intervals]
-    (alarm,) = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm",
-                                                   "LlmScaling")]
+    (alarm,) = properties(template, "AWS::CloudWatch::Alarm", "LlmScaling").values()
     assert alarm["Threshold"] == fleet.step_threshold_invocations_per_instance_per_min
     actions = {a["ScheduledActionName"]: a["ScalableTargetAction"]
                for a in target["Properties"]["ScheduledActions"]}
@@ -137,7 +133,7 @@ def test_scaling_numbers_are_the_fleet_plans(variants: dict[str, Any], variant: 
         model.required_instances(2.0), fleet.max_capacity)
     lambda_env = next(
         f["Properties"]["Environment"]["Variables"]
-        for f in resources(template, "AWS::Lambda::Function", "ReleaseCalendar")
+        for f in resources(template, "AWS::Lambda::Function", "ReleaseCalendar").values()
         if "CALENDAR_CAPACITY_MODELS" in f["Properties"].get("Environment", {}).get(
             "Variables", {}))
     assert json.loads(lambda_env["CALENDAR_CAPACITY_MODELS"])["llm"] == model.to_dict()

@@ -12,7 +12,7 @@ import yaml
 from capacity_model import LlmCapacity
 from capacity_model.instance import mixture_quantile
 from capacity_model.sessions import hold_seconds, recommended_ttl_s, retention_share
-from stacks.settings import REPO_ROOT, load_settings, parse_settings
+from stacks.settings import REPO_ROOT, parse_settings
 
 
 def prod_with(**capacity: Any) -> LlmCapacity:
@@ -23,11 +23,6 @@ def prod_with(**capacity: Any) -> LlmCapacity:
         else:
             data["llm"]["capacity"][key] = value
     return parse_settings(data, source="prod (edited)").llm.capacity_plan()
-
-
-@pytest.fixture(scope="module")
-def prod() -> LlmCapacity:
-    return load_settings("prod").llm.capacity_plan()
 
 
 def test_reuse_is_the_windows_share_times_affinity_times_retention(prod: LlmCapacity) -> None:

@@ -18,11 +18,6 @@ from gpu_budget import INSTANCE_CATALOG
 from stacks.settings import load_settings
 
 
-@pytest.fixture(scope="module")
-def prod() -> LlmCapacity:
-    return load_settings("prod").llm.capacity_plan()
-
-
 def test_the_expected_day_takes_each_hours_floor_or_its_load_at_the_target() -> None:
     floors = (FloorPlan("off-peak", dt.time(1), 2, 6, 0, 0),
               FloorPlan("business-hours", dt.time(8), 4, 20, 0, 0))

@@ -22,11 +22,6 @@ INTENT_PREFIX = "manga-assist-prod-intent"
 
 
 @pytest.fixture(scope="module")
-def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return synthesized.template("Prod/Serving")
-
-
-@pytest.fixture(scope="module")
 def alarms(prod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["Properties"]["AlarmName"]: r["Properties"] for r in prod["Resources"].values()
             if r["Type"] == "AWS::CloudWatch::Alarm" and "AlarmName" in r["Properties"]}

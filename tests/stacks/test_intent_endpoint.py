@@ -22,11 +22,6 @@ def resource(template: dict[str, Any], resource_type: str, logical_prefix: str) 
     return found
 
 
-@pytest.fixture(scope="module")
-def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return synthesized.template("Prod/Serving")
-
-
 def test_model_is_the_compiled_archive_network_isolated(prod: dict[str, Any]) -> None:
     settings = load_settings("prod")
     model = resource(prod, "AWS::SageMaker::Model", "IntentEndpointModel")

@@ -27,24 +27,15 @@ from typing import Any
 import pytest
 
 from stacks.release_calendar_reconciler import MANAGED_TARGET_TAG
+from tests.support.templates import properties
 
 QUEUE_NAME = "manga-assist-prod-release-calendar-failed-runs"
 KEY_OUTPUT = "PublishOutputFnGetAttProjectKey"
 
 
-def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
-    return {k: r["Properties"] for k, r in template["Resources"].items()
-            if r["Type"] == resource_type}
-
-
-@pytest.fixture(scope="module")
-def prod(synthesized: Any) -> dict[str, Any]:
-    return synthesized.template("Prod/Serving")
-
-
 @pytest.fixture(scope="module")
 def queue(prod: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    (found,) = [(k, p) for k, p in resources(prod, "AWS::SQS::Queue").items()
+    (found,) = [(k, p) for k, p in properties(prod, "AWS::SQS::Queue").items()
                 if p.get("QueueName") == QUEUE_NAME]
     return found
 
@@ -65,28 +56,28 @@ def test_failed_runs_go_to_the_queue_after_lambdas_retries(
     prod: dict[str, Any], queue: tuple[str, dict[str, Any]]
 ) -> None:
     queue_id, _ = queue
-    (function_id,) = [k for k, p in resources(prod, "AWS::Lambda::Function").items()
+    (function_id,) = [k for k, p in properties(prod, "AWS::Lambda::Function").items()
                       if p.get("Handler") == "lambdas/release_calendar/handler.handler"]
-    (config,) = [p for p in resources(prod, "AWS::Lambda::EventInvokeConfig").values()
+    (config,) = [p for p in properties(prod, "AWS::Lambda::EventInvokeConfig").values()
                  if p["FunctionName"] == {"Ref": function_id}]
     assert config["DestinationConfig"]["OnFailure"]["Destination"] == {
         "Fn::GetAtt": [queue_id, "Arn"]}
     assert config["MaximumRetryAttempts"] == 2
-    assert is_project_key(resources(prod, "AWS::Lambda::Function")[function_id]["KmsKeyArn"])
+    assert is_project_key(properties(prod, "AWS::Lambda::Function")[function_id]["KmsKeyArn"])
 
 
 def test_both_rules_keep_undeliverable_events_in_the_same_queue(
     prod: dict[str, Any], queue: tuple[str, dict[str, Any]]
 ) -> None:
     queue_id, _ = queue
-    rules = {k: p for k, p in resources(prod, "AWS::Events::Rule").items()
+    rules = {k: p for k, p in properties(prod, "AWS::Events::Rule").items()
              if k.startswith("ReleaseCalendar")}
     assert len(rules) == 2
     for rule_id, rule in rules.items():
         (target,) = rule["Targets"]
         assert target["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [queue_id, "Arn"]}}
         # ... and the queue lets exactly that rule send to it.
-        (policy,) = [p for p in resources(prod, "AWS::SQS::QueuePolicy").values()
+        (policy,) = [p for p in properties(prod, "AWS::SQS::QueuePolicy").values()
                      if {"Ref": queue_id} in p["Queues"]]
         statements = policy["PolicyDocument"]["Statement"]
         assert any(s["Effect"] == "Allow" and s["Principal"] == {"Service": "events.amazonaws.com"}
@@ -97,7 +88,7 @@ def test_both_rules_keep_undeliverable_events_in_the_same_queue(
 def test_the_queue_refuses_plain_http(prod: dict[str, Any],
                                       queue: tuple[str, dict[str, Any]]) -> None:
     queue_id, _ = queue
-    (policy,) = [p for p in resources(prod, "AWS::SQS::QueuePolicy").values()
+    (policy,) = [p for p in properties(prod, "AWS::SQS::QueuePolicy").values()
                  if {"Ref": queue_id} in p["Queues"]]
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport":
                                                                      "false"}}
@@ -106,7 +97,7 @@ def test_the_queue_refuses_plain_http(prod: dict[str, Any],
 
 def test_the_project_key_lets_eventbridge_rules_write_to_it(synthesized: Any) -> None:
     foundation = synthesized.template("Prod/Foundation")
-    (key,) = resources(foundation, "AWS::KMS::Key").values()
+    (key,) = properties(foundation, "AWS::KMS::Key").values()
     (statement,) = [s for s in key["KeyPolicy"]["Statement"]
                     if s.get("Principal") == {"Service": "events.amazonaws.com"}]
     assert sorted(statement["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
@@ -119,7 +110,7 @@ def test_a_kept_failure_is_alarmed_through_the_topic(
     prod: dict[str, Any], queue: tuple[str, dict[str, Any]]
 ) -> None:
     queue_id, _ = queue
-    alarms = {p["AlarmName"]: p for p in resources(prod, "AWS::CloudWatch::Alarm").values()
+    alarms = {p["AlarmName"]: p for p in properties(prod, "AWS::CloudWatch::Alarm").values()
               if "AlarmName" in p}
     queued = alarms["manga-assist-prod-release-calendar-failed-runs-queued"]
     assert (queued["Namespace"], queued["MetricName"]) == (
@@ -136,9 +127,9 @@ def test_a_kept_failure_is_alarmed_through_the_topic(
 
 
 def test_writes_are_limited_to_tagged_scalable_targets(prod: dict[str, Any]) -> None:
-    targets = resources(prod, "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    targets = properties(prod, "AWS::ApplicationAutoScaling::ScalableTarget").values()
     assert all({"Key": MANAGED_TARGET_TAG, "Value": "prod"} in t["Tags"] for t in targets)
-    statements = [s for p in resources(prod, "AWS::IAM::Policy").values()
+    statements = [s for p in properties(prod, "AWS::IAM::Policy").values()
                   if any("ReleaseCalendarRole" in r["Ref"] for r in p["Roles"])
                   for s in p["PolicyDocument"]["Statement"]]
     (write,) = [s for s in statements if "application-autoscaling:PutScheduledAction"
@@ -156,4 +147,4 @@ def test_writes_are_limited_to_tagged_scalable_targets(prod: dict[str, Any]) -> 
 
 
 def test_dev_has_no_calendar_queue(synthesized: Any) -> None:
-    assert resources(synthesized.template("Dev/Serving"), "AWS::SQS::Queue") == {}
+    assert properties(synthesized.template("Dev/Serving"), "AWS::SQS::Queue") == {}

@@ -12,29 +12,16 @@ from aws_cdk.assertions import Match, Template
 
 from release_calendar import build_static_schedule, parse_schedule
 from stacks.settings import REPO_ROOT, load_settings
+from tests.support.templates import resources
 
 RESOURCE_ID = {"Dev": "endpoint/manga-assist-dev-llm/variant/AllTraffic",
                "Prod": "endpoint/manga-assist-prod-llm/variant/AllTraffic"}
 
 
-def by_type(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
-    return [r for r in template["Resources"].values() if r["Type"] == resource_type]
-
-
-@pytest.fixture(scope="module")
-def prod(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return synthesized.template("Prod/Serving")
-
-
-@pytest.fixture(scope="module")
-def dev(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return synthesized.template("Dev/Serving")
-
-
 def scalable_target(template: dict[str, Any]) -> dict[str, Any]:
     """The LLM variant's scalable target (the intent endpoint has its own)."""
-    (target,) = [t for t in by_type(template, "AWS::ApplicationAutoScaling::ScalableTarget")
-                 if "-llm/" in t["Properties"]["ResourceId"]]
+    targets = resources(template, "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    (target,) = [t for t in targets if "-llm/" in t["Properties"]["ResourceId"]]
     return target
 
 
@@ -76,8 +63,8 @@ def test_every_scalable_target_carries_the_tag_the_instance_switch_deregisters_b
     tag = {"Key": "Environment", "Value": settings.tags["Environment"]}
     assert deregister["Condition"] == {"StringEquals": {
         f"aws:ResourceTag/{tag['Key']}": tag["Value"]}}
-    targets = by_type(synthesized.template(f"{stage}/Serving"),
-                      "AWS::ApplicationAutoScaling::ScalableTarget")
+    targets = resources(synthesized.template(f"{stage}/Serving"),
+                        "AWS::ApplicationAutoScaling::ScalableTarget").values()
     assert {t["Properties"]["ResourceId"] for t in targets} == {
         variant.resource_id for variant in configured_variants(settings)}
     for target in targets:
@@ -170,7 +157,7 @@ def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
 
 
 def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any]) -> None:
-    alarms = [a["Properties"] for a in by_type(prod, "AWS::CloudWatch::Alarm")
+    alarms = [a["Properties"] for a in resources(prod, "AWS::CloudWatch::Alarm").values()
               if a["Properties"].get("MetricName") == "InvocationsPerInstance"
               and {"Name": "EndpointName", "Value": "manga-assist-prod-llm"}
               in a["Properties"]["Dimensions"]]
@@ -246,13 +233,13 @@ def test_synthesized_actions_are_exactly_the_calendar_expansion(prod: dict[str, 
 
 def test_dev_has_floors_only_and_no_calendar_lambda(dev: dict[str, Any]) -> None:
     assert set(scheduled(dev)) == {"floor-off-peak", "floor-business-hours"}
-    assert not by_type(dev, "AWS::Lambda::Function") or all(
-        "ReleaseCalendar" not in json.dumps(f) for f in by_type(dev, "AWS::Lambda::Function"))
-    assert not by_type(dev, "AWS::SSM::Parameter")
+    functions = resources(dev, "AWS::Lambda::Function").values()
+    assert not functions or all("ReleaseCalendar" not in json.dumps(f) for f in functions)
+    assert not resources(dev, "AWS::SSM::Parameter")
 
 
 def calendar_function(template: dict[str, Any]) -> dict[str, Any]:
-    (function,) = [f for f in by_type(template, "AWS::Lambda::Function")
+    (function,) = [f for f in resources(template, "AWS::Lambda::Function").values()
                    if f["Properties"].get("Handler") == "lambdas/release_calendar/handler.handler"]
     return function["Properties"]
 
@@ -273,7 +260,7 @@ def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
     assert function["Runtime"].startswith("python3.")
     assert "ReservedConcurrentExecutions" not in function  # deploys in small accounts too
     # The calendar travels as JSON in an SSM parameter the function reads.
-    (parameter,) = by_type(prod, "AWS::SSM::Parameter")
+    (parameter,) = resources(prod, "AWS::SSM::Parameter").values()
     calendar = json.loads(parameter["Properties"]["Value"])
     assert {e["id"] for e in calendar["dated"]} == {"one-piece-ch1100"}
 
@@ -291,7 +278,7 @@ def test_calendar_lambda_runs_daily_and_after_each_deploy(prod: dict[str, Any]) 
 
 def test_calendar_lambda_role_is_scoped(prod: dict[str, Any]) -> None:
     policies = [p["Properties"]["PolicyDocument"]["Statement"]
-                for p in by_type(prod, "AWS::IAM::Policy")
+                for p in resources(prod, "AWS::IAM::Policy").values()
                 if any("ReleaseCalendarRole" in r["Ref"] for r in p["Properties"]["Roles"])]
     (statements,) = policies
     actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str)

@@ -9,12 +9,9 @@ from typing import Any
 import pytest
 
 from stacks.settings import load_settings
+from tests.support.templates import resources
 
 HANDLER = "lambdas/scaling_limits/handler.handler"
-
-
-def resources(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
-    return {k: r for k, r in template["Resources"].items() if r["Type"] == resource_type}
 
 
 def publisher(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
