@@ -255,6 +255,14 @@ def llm_alarm_rules(
         *common_rules(settings, max_capacity=max_capacity),
         *latency_slo_rules(settings),
         release_window_rejections_rule(settings, daily_minimum=daily_minimum),
+        *engine_health_rules(settings),
+        *gpu_memory_rules(settings, gpu_count=gpu_count),
+    ]
+
+
+def engine_health_rules(settings: EndpointAlarmSettings) -> list[AlarmRule]:
+    """The LLM engine's deaths and what they cost: breaker trips, restarts, fallback answers."""
+    return [
         AlarmRule(
             name="oom-circuit-trips",
             metric=mc.OOM_CIRCUIT_TRIPS,
@@ -305,6 +313,12 @@ def llm_alarm_rules(
             "refused while it is open.",
             runbook="breaker-open.md",
         ),
+    ]
+
+
+def gpu_memory_rules(settings: EndpointAlarmSettings, *, gpu_count: int) -> list[AlarmRule]:
+    """GPU memory, the KV cache and the admission queue they back up into."""
+    return [
         AlarmRule(
             name="gpu-memory-utilization",
             metric=mc.SM_GPU_MEMORY_UTILIZATION,

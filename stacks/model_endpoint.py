@@ -135,6 +135,23 @@ def add_model_endpoint(
         network=network,
         reads_rollback_alarms=bool(rollback_alarms),
     )
+    model = _model(scope, execution_role=execution_role, image=image, model_data=model_data,
+                   environment=environment, network=network)
+    endpoint_config = _endpoint_config(
+        scope, model=model, variant_name=variant_name, instance_type=instance_type,
+        initial_instance_count=initial_instance_count,
+        inference_ami_version=inference_ami_version, health=health,
+        encryption_key=encryption_key)
+    endpoint = _endpoint(scope, endpoint_name=endpoint_name, endpoint_config=endpoint_config,
+                         deployment=deployment, rollback_alarms=rollback_alarms)
+    return EndpointResources(execution_role, model, endpoint_config, endpoint)
+
+
+def _model(scope: Construct, *, execution_role: ModelExecutionRole,
+           image: ecr_assets.DockerImageAsset, model_data: ModelData,
+           environment: Mapping[str, str], network: ModelNetwork) -> sagemaker.CfnModel:
+    """The SageMaker model: the image, its environment and its data, network-isolated in the
+    models' VPC."""
     data_source = (
         sagemaker.CfnModel.ModelDataSourceProperty(
             s3_data_source=sagemaker.CfnModel.S3DataSourceProperty(
@@ -163,8 +180,15 @@ def add_model_endpoint(
     )
     # The role's policy must exist before SageMaker validates the model against it.
     model.node.add_dependency(execution_role)
+    return model
 
-    endpoint_config = sagemaker.CfnEndpointConfig(
+
+def _endpoint_config(scope: Construct, *, model: sagemaker.CfnModel, variant_name: str,
+                     instance_type: str, initial_instance_count: int,
+                     inference_ami_version: str | None, health: HealthCheckSettings,
+                     encryption_key: kms.IKey) -> sagemaker.CfnEndpointConfig:
+    """One production variant of ``model``, routed to the least-busy instance."""
+    return sagemaker.CfnEndpointConfig(
         scope,
         "EndpointConfig",
         # Instance types with local NVMe storage (g5 among them) encrypt it in hardware and
@@ -191,6 +215,12 @@ def add_model_endpoint(
         ],
     )
 
+
+def _endpoint(scope: Construct, *, endpoint_name: str,
+              endpoint_config: sagemaker.CfnEndpointConfig, deployment: DeploymentSettings,
+              rollback_alarms: Sequence[cloudwatch.IAlarm]) -> sagemaker.CfnEndpoint:
+    """The endpoint: blue/green updates, rolled back on ``rollback_alarms`` (none: no
+    auto-rollback)."""
     endpoint = sagemaker.CfnEndpoint(
         scope,
         "Endpoint",
@@ -220,7 +250,9 @@ def add_model_endpoint(
     )
     for alarm in rollback_alarms:
         endpoint.node.add_dependency(alarm)
-    return EndpointResources(execution_role, model, endpoint_config, endpoint)
+    for alarm in rollback_alarms:
+        endpoint.node.add_dependency(alarm)
+    return endpoint
 
 
 def traffic_routing(

@@ -93,6 +93,11 @@ class ModelNetwork(Construct):
         self.ec2_security_group.add_egress_rule(
             ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to the VPC endpoints and S3"
         )
+        self._add_interface_endpoints()
+
+    def _add_interface_endpoints(self) -> None:
+        """The interface endpoints the models call, reachable only from the model security
+        group."""
         endpoint_sg = ec2.SecurityGroup(
             self,
             "EndpointSecurityGroup",

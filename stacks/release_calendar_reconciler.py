@@ -23,6 +23,7 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
@@ -63,6 +64,7 @@ class ReleaseCalendarReconciler(Construct):
         id_: str,
         *,
         environment_name: str,
+        resource_prefix: str,
         calendar_json: str,
         capacity_models: Mapping[str, CapacityModel],
         scalable_targets: Mapping[str, str],
@@ -74,14 +76,39 @@ class ReleaseCalendarReconciler(Construct):
     ) -> None:
         """``scalable_targets`` maps a calendar target to its resource id; the scalable targets
         themselves must carry :data:`MANAGED_TARGET_TAG` = ``environment_name`` (see
-        :meth:`manage`), or the function may not write their actions."""
+        :meth:`manage`), or the function may not write their actions. ``resource_prefix`` starts
+        the queue's and the alarms' names (:func:`stacks.settings.resource_prefix`)."""
         super().__init__(scope, id_)
         self.environment_name = environment_name
         missing = sorted(set(scalable_targets) - set(capacity_models))
         if missing:
             raise ValueError(f"no capacity model for scalable target(s) {missing}")
 
-        self.ssm_parameter = ssm.StringParameter(
+        self.ssm_parameter = self._calendar_parameter(calendar_json)
+        log_group, role = self._role(encryption_key=encryption_key, log_retention=log_retention)
+        self.failed_runs_queue = self._failed_runs_queue(resource_prefix, encryption_key)
+        self.lambda_function = self._function(
+            role=role, log_group=log_group, encryption_key=encryption_key,
+            environment={
+                "CALENDAR_PARAMETER": self.ssm_parameter.parameter_name,
+                "CALENDAR_CAPACITY_MODELS": capacity_models_to_json(capacity_models),
+                **{
+                    f"SCALABLE_TARGET_{target.upper()}": resource_id
+                    for target, resource_id in sorted(scalable_targets.items())
+                },
+                "HORIZON_DAYS": str(horizon_days),
+                "ENVIRONMENT": environment_name,
+                "DRY_RUN": "false",
+            })
+        self.daily_rule, self.after_deploy_rule = self._rules(daily_run_utc)
+        self.alarms = self._alarms(resource_prefix, alarm_topic)
+        cdk.CfnOutput(self, "FailedRunsQueueUrl", value=self.failed_runs_queue.queue_url,
+                      description="Failed release-calendar runs (docs/runbooks/"
+                      "release-calendar-lambda.md: how to replay one)")
+
+    def _calendar_parameter(self, calendar_json: str) -> ssm.StringParameter:
+        """The calendar as JSON in SSM (advanced tier only when it outgrows the standard one)."""
+        return ssm.StringParameter(
             self,
             "Calendar",
             description="MangaAssist release calendar (JSON of config/release_calendar.yaml)",
@@ -90,6 +117,11 @@ class ReleaseCalendarReconciler(Construct):
             if len(calendar_json.encode()) <= SSM_STANDARD_LIMIT_BYTES
             else ssm.ParameterTier.ADVANCED,
         )
+
+    def _role(self, *, encryption_key: kms.IKey, log_retention: logs.RetentionDays
+              ) -> tuple[logs.LogGroup, iam.Role]:
+        """The function's log group and least-privilege role: read the calendar, describe the
+        scaling state, write scheduled actions only on this environment's managed targets."""
         log_group, role = lambda_logs_and_role(
             self, encryption_key=encryption_key, retention=log_retention,
             description="Release-calendar reconciler: read its calendar, manage scheduled actions")
@@ -122,7 +154,7 @@ class ReleaseCalendarReconciler(Construct):
                 ],
                 resources=[scalable_target_arns],
                 conditions={"StringEquals": {
-                    f"aws:ResourceTag/{MANAGED_TARGET_TAG}": environment_name}},
+                    f"aws:ResourceTag/{MANAGED_TARGET_TAG}": self.environment_name}},
             )
         )
         acknowledge(
@@ -130,7 +162,7 @@ class ReleaseCalendarReconciler(Construct):
             "AwsSolutions-IAM5",
             "DescribeScalableTargets/DescribeScheduledActions support no resource-level "
             "permissions (Resource *). Scheduled-action writes are limited to scalable targets "
-            f"tagged {MANAGED_TARGET_TAG}={environment_name}; their ARN ends in a random id "
+            f"tagged {MANAGED_TARGET_TAG}={self.environment_name}; their ARN ends in a random id "
             "unknown at synth, hence scalable-target/*. The log wildcard is this function's own "
             "log group's streams.",
             applies_to=[
@@ -139,15 +171,18 @@ class ReleaseCalendarReconciler(Construct):
                 "Resource::<ReleaseCalendarLogs*.Arn>:*",
             ],
         )
+        return log_group, role
 
+    def _failed_runs_queue(self, resource_prefix: str, encryption_key: kms.IKey) -> sqs.Queue:
+        """The queue that keeps failed runs (on-failure destination and the rules' DLQ)."""
         # Where failed runs are kept. Lambda sends the on-failure record with the function's
         # execution role (SqsDestination grants it sqs:SendMessage and the key); EventBridge
         # sends undelivered events as events.amazonaws.com (the queue policy the targets add
         # below, and the project key's policy in the foundation stack).
-        self.failed_runs_queue = sqs.Queue(
+        queue = sqs.Queue(
             self,
             "FailedRuns",
-            queue_name=f"manga-assist-{environment_name}-release-calendar-failed-runs",
+            queue_name=f"{resource_prefix}-release-calendar-failed-runs",
             encryption=sqs.QueueEncryption.KMS,
             encryption_master_key=encryption_key,
             enforce_ssl=True,
@@ -163,25 +198,31 @@ class ReleaseCalendarReconciler(Construct):
                 redrive_permission=sqs.RedrivePermission.ALLOW_ALL),
         )
         acknowledge_guard(
-            self.failed_runs_queue, "CT.SQS.PR.2",
+            queue, "CT.SQS.PR.2",
             "KmsMasterKeyId is the project key (customer managed, rotated; its key policy lets "
             "EventBridge rules of this account use it), read from the Foundation stack's output.",
             unreadable_value="KmsMasterKeyId: Fn::GetStackOutput")
         acknowledge(
-            self.failed_runs_queue,
+            queue,
             "AwsSolutions-SQS3",
             "This queue is itself the dead-letter store of the release-calendar function (its "
             "on-failure destination and its EventBridge rules' DLQ); nothing consumes it "
             "automatically, an operator replays its messages by hand, so no consumer can fail "
             "and need a further dead-letter queue.",
         )
+        return queue
 
-        self.lambda_function = repo_python_function(
+    def _function(self, *, role: iam.Role, log_group: logs.LogGroup, encryption_key: kms.IKey,
+                  environment: dict[str, str]) -> lambda_.Function:
+        """The reconciling function: asynchronous runs retried by Lambda, then kept in the
+        failed-runs queue."""
+        function = repo_python_function(
             self,
             "Function",
             handler=HANDLER,
             sources=LAMBDA_SOURCES,
-            description=f"Reconcile dated releases into scheduled actions ({environment_name})",
+            description="Reconcile dated releases into scheduled actions "
+            f"({self.environment_name})",
             role=role,
             log_group=log_group,
             timeout=cdk.Duration.seconds(120),
@@ -201,17 +242,7 @@ class ReleaseCalendarReconciler(Construct):
             # No reserved concurrency: reserving even 1 fails to deploy in accounts whose limit is
             # near the 100-execution unreserved minimum. Two overlapping runs are safe: every
             # write is an idempotent upsert or a delete of an action only this function owns.
-            environment={
-                "CALENDAR_PARAMETER": self.ssm_parameter.parameter_name,
-                "CALENDAR_CAPACITY_MODELS": capacity_models_to_json(capacity_models),
-                **{
-                    f"SCALABLE_TARGET_{target.upper()}": resource_id
-                    for target, resource_id in sorted(scalable_targets.items())
-                },
-                "HORIZON_DAYS": str(horizon_days),
-                "ENVIRONMENT": environment_name,
-                "DRY_RUN": "false",
-            },
+            environment=environment,
         )
 
         acknowledge(
@@ -223,7 +254,7 @@ class ReleaseCalendarReconciler(Construct):
             applies_to=["Action::kms:GenerateDataKey*", "Action::kms:ReEncrypt*"],
         )
         acknowledge_checkov(
-            self.lambda_function,
+            function,
             "CKV_AWS_116",
             "Failures go to an on-failure destination (AWS::Lambda::EventInvokeConfig, the "
             "FailedRuns queue), which keeps the event and the error; checkov only recognises the "
@@ -233,28 +264,31 @@ class ReleaseCalendarReconciler(Construct):
                        "Scaling, CloudWatch Logs) and reaches nothing inside the models' VPC; "
                        "attaching it would need three more interface endpoints in an isolated "
                        "VPC for no isolation gained.")
-        acknowledge_checkov(self.lambda_function, "CKV_AWS_117", outside_vpc)
-        acknowledge_guard(self.lambda_function, "CT.LAMBDA.PR.3", outside_vpc + VPC_GUIDANCE)
+        acknowledge_checkov(function, "CKV_AWS_117", outside_vpc)
+        acknowledge_guard(function, "CT.LAMBDA.PR.3", outside_vpc + VPC_GUIDANCE)
         acknowledge_checkov(
-            self.lambda_function,
+            function,
             "CKV_AWS_115",
             "No reserved concurrency: reserving even 1 fails to deploy in accounts near the "
             "100-execution unreserved minimum, and two overlapping runs are safe (idempotent "
             "upserts, deletes of its own actions only).",
         )
+        return function
 
+    def _rules(self, daily_run_utc: tuple[int, int]) -> tuple[events.Rule, events.Rule]:
+        """The daily run and the run after every deployment of the stack."""
         hour, minute = daily_run_utc
         # EventBridge's own delivery retries; an event it cannot deliver goes to the same queue
         # ("Using dead-letter queues to process undelivered events in EventBridge",
         # https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rule-dlq.html).
-        self.daily_rule = events.Rule(
+        daily_rule = events.Rule(
             self,
             "Daily",
             description="Reconcile the release calendar once a day",
             schedule=events.Schedule.cron(minute=str(minute), hour=str(hour)),
             targets=[self._target()],
         )
-        self.after_deploy_rule = events.Rule(
+        after_deploy_rule = events.Rule(
             self,
             "AfterDeploy",
             description="Reconcile right after every deployment of this stack",
@@ -268,21 +302,22 @@ class ReleaseCalendarReconciler(Construct):
             ),
             targets=[self._target()],
         )
-        self.alarms = AlarmSet(
+        return daily_rule, after_deploy_rule
+
+    def _alarms(self, resource_prefix: str, alarm_topic: sns.ITopic) -> AlarmSet:
+        """The function's alarms (errors, the failed-runs queue holding a message)."""
+        return AlarmSet(
             self,
             "Alarms",
-            name_prefix=f"manga-assist-{environment_name}-release-calendar",
+            name_prefix=f"{resource_prefix}-release-calendar",
             dimensions={
                 "FunctionName": self.lambda_function.function_name,
-                "Environment": environment_name,
+                "Environment": self.environment_name,
                 "QueueName": self.failed_runs_queue.queue_name,
             },
             rules=calendar_lambda_rules(),
             alarm_topic=alarm_topic,
         )
-        cdk.CfnOutput(self, "FailedRunsQueueUrl", value=self.failed_runs_queue.queue_url,
-                      description="Failed release-calendar runs (docs/runbooks/"
-                      "release-calendar-lambda.md: how to replay one)")
 
     def _target(self) -> targets.LambdaFunction:
         return targets.LambdaFunction(

@@ -5,6 +5,8 @@ It only wires constructs together; each construct's module says what it builds a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
@@ -23,7 +25,7 @@ from stacks.alarm_rules import (
     intent_alarm_rules,
     llm_alarm_rules,
 )
-from stacks.artifact_layout import artifact_layout
+from stacks.artifact_layout import ArtifactLayout, artifact_layout
 from stacks.dashboard import InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
@@ -32,8 +34,13 @@ from stacks.network import ModelNetwork
 from stacks.quantization_job import QuantizationJobResources
 from stacks.release_calendar_reconciler import ReleaseCalendarReconciler
 from stacks.scaling_limits_publisher import ScalingLimitsPublisher
-from stacks.scaling_plan import ScalingTarget, plan_scaling
-from stacks.settings import LOG_RETENTION_DAYS, EnvironmentPlans, EnvironmentSettings
+from stacks.scaling_plan import ScalingPlan, ScalingTarget, plan_scaling
+from stacks.settings import (
+    LOG_RETENTION_DAYS,
+    EnvironmentPlans,
+    EnvironmentSettings,
+    QuantizationJobSettings,
+)
 
 VARIANT_NAME = "AllTraffic"
 
@@ -77,10 +84,36 @@ class ServingStack(cdk.Stack):
             encryption_key=encryption_key,
         )
         self.network.restrict_s3_endpoint(bucket_arns=[artifact_bucket.bucket_arn])
-        layout = artifact_layout(settings)
+        self.quantization_job = self._quantization_job(settings.quantization, artifact_bucket,
+                                                       encryption_key)
 
-        quantization = settings.quantization
-        self.quantization_job = QuantizationJobResources(
+        # One capacity plan per endpoint, made when the settings loaded: the gateway's caps, the
+        # scaling numbers, the alarms' release-window floor and the template metadata the
+        # simulator reads all come from it.
+        scaling_plan = plan_scaling(
+            {"llm": ScalingTarget(settings.llm.scaling, plans.llm_fleet),
+             "intent": ScalingTarget(settings.intent.scaling, plans.intent_fleet)},
+            calendar_file=settings.release_calendar.file)
+        for warning in scaling_plan.warnings:
+            cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
+                                                    str(warning))
+        endpoint_parts = _EndpointParts(artifact_bucket=artifact_bucket,
+                                        layout=artifact_layout(settings),
+                                        encryption_key=encryption_key, alarm_topic=alarm_topic)
+        self.llm = self._llm_tier(settings, plans, scaling_plan, endpoint_parts)
+        self.intent = self._intent_tier(settings, plans, scaling_plan, endpoint_parts)
+        tiers = {"llm": self.llm, "intent": self.intent}
+        self.scaling_limits = self._scaling_limits(settings.name, tiers, encryption_key)
+        self.calendar_reconciler = self._calendar_reconciler(
+            settings, scaling_plan, tiers, encryption_key=encryption_key, alarm_topic=alarm_topic)
+        self.dashboard = self._dashboard(settings, tiers)
+        self._outputs(settings.resource_prefix, endpoint_parts.layout.llm.read_prefix)
+
+    def _quantization_job(self, quantization: QuantizationJobSettings,
+                          artifact_bucket: s3.IBucket, encryption_key: kms.IKey
+                          ) -> QuantizationJobResources:
+        """The AWQ job's role, image and network access; it may write only its own prefixes."""
+        job = QuantizationJobResources(
             self,
             "QuantizationJob",
             artifact_bucket=artifact_bucket,
@@ -95,24 +128,15 @@ class ServingStack(cdk.Stack):
             artifact_bucket.arn_for_objects(f"{prefix}/*")
             for prefix in (quantization.candidates_prefix, quantization.reports_prefix)
         ])
+        return job
 
-        llm, intent = settings.llm, settings.intent
-        # One capacity plan per endpoint, made when the settings loaded: the gateway's caps, the
-        # scaling numbers, the alarms' release-window floor and the template metadata the
-        # simulator reads all come from it.
-        llm_capacity = plans.llm_capacity
+    def _llm_tier(self, settings: EnvironmentSettings, plans: EnvironmentPlans,
+                  scaling_plan: ScalingPlan, parts: _EndpointParts) -> ModelTier:
+        """The vLLM endpoint with its alarms, scaling and dashboard entry."""
+        llm = settings.llm
         llm_fleet = plans.llm_fleet
-        intent_fleet = plans.intent_fleet
-        scaling_plan = plan_scaling(
-            {"llm": ScalingTarget(llm.scaling, llm_fleet),
-             "intent": ScalingTarget(intent.scaling, intent_fleet)},
-            calendar_file=settings.release_calendar.file)
-        for warning in scaling_plan.warnings:
-            cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
-                                                    str(warning))
-
         llm_endpoint_name = f"{settings.resource_prefix}-llm"
-        self.llm = ModelTier(
+        return ModelTier(
             self, "Llm", title=f"LLM (vLLM on {llm.instance_type})", kind="llm",
             endpoint_name=llm_endpoint_name, variant_name=VARIANT_NAME,
             instance_type=llm.instance_type,
@@ -120,42 +144,50 @@ class ServingStack(cdk.Stack):
                 llm.alarms, gpu_count=instance_type(llm.instance_type).gpu_count,
                 max_capacity=llm.scaling.max_capacity,
                 daily_minimum=max(floor.min_capacity for floor in llm_fleet.floors)),
-            rollback_rules=ROLLBACK_RULES, alarm_topic=alarm_topic,
+            rollback_rules=ROLLBACK_RULES, alarm_topic=parts.alarm_topic,
             build_endpoint=lambda scope, id_, rollback_alarms: LlmEndpoint(
-                scope, id_, settings=llm, capacity=llm_capacity, endpoint_name=llm_endpoint_name,
+                scope, id_, settings=llm, capacity=plans.llm_capacity,
+                endpoint_name=llm_endpoint_name,
                 variant_name=VARIANT_NAME, initial_instance_count=llm.scaling.min_capacity,
-                artifact_bucket=artifact_bucket, model_artifact=layout.llm,
-                encryption_key=encryption_key, network=self.network,
+                artifact_bucket=parts.artifact_bucket, model_artifact=parts.layout.llm,
+                encryption_key=parts.encryption_key, network=self.network,
                 rollback_alarms=rollback_alarms),
             scaling=llm.scaling, fleet=llm_fleet, scheduled_actions=scaling_plan.actions["llm"],
-            capacity_metadata=llm_capacity.template_metadata(),
+            capacity_metadata=plans.llm_capacity.template_metadata(),
             max_model_len=llm.max_model_len,
         )
+
+    def _intent_tier(self, settings: EnvironmentSettings, plans: EnvironmentPlans,
+                     scaling_plan: ScalingPlan, parts: _EndpointParts) -> ModelTier:
+        """The intent classifier's endpoint with its alarms, scaling and dashboard entry."""
+        intent = settings.intent
         intent_endpoint_name = f"{settings.resource_prefix}-intent"
-        self.intent = ModelTier(
+        return ModelTier(
             self, "Intent", title=f"Intent (DistilBERT on {intent.instance_type})",
             kind="intent", endpoint_name=intent_endpoint_name, variant_name=VARIANT_NAME,
             instance_type=intent.instance_type,
             alarm_rules=intent_alarm_rules(intent.alarms,
                                            max_capacity=intent.scaling.max_capacity),
-            rollback_rules=INTENT_ROLLBACK_RULES, alarm_topic=alarm_topic,
+            rollback_rules=INTENT_ROLLBACK_RULES, alarm_topic=parts.alarm_topic,
             build_endpoint=lambda scope, id_, rollback_alarms: IntentEndpoint(
                 scope, id_, settings=intent, endpoint_name=intent_endpoint_name,
                 variant_name=VARIANT_NAME, initial_instance_count=intent.scaling.min_capacity,
-                artifact_bucket=artifact_bucket, model_artifact=layout.intent,
-                encryption_key=encryption_key, network=self.network,
+                artifact_bucket=parts.artifact_bucket, model_artifact=parts.layout.intent,
+                encryption_key=parts.encryption_key, network=self.network,
                 rollback_alarms=rollback_alarms),
-            scaling=intent.scaling, fleet=intent_fleet,
+            scaling=intent.scaling, fleet=plans.intent_fleet,
             scheduled_actions=scaling_plan.actions["intent"],
-            capacity_metadata=intent_fleet_metadata(intent_fleet),
+            capacity_metadata=intent_fleet_metadata(plans.intent_fleet),
         )
-        tiers = {"llm": self.llm, "intent": self.intent}
 
-        # The maximum in force, published each minute: capacity-pinned-at-max compares with it.
-        self.scaling_limits = ScalingLimitsPublisher(
+    def _scaling_limits(self, environment_name: str, tiers: Mapping[str, ModelTier],
+                        encryption_key: kms.IKey) -> ScalingLimitsPublisher:
+        """The maximum in force, published each minute: capacity-pinned-at-max compares with
+        it."""
+        publisher = ScalingLimitsPublisher(
             self,
             "ScalingLimits",
-            environment_name=settings.name,
+            environment_name=environment_name,
             resource_ids=[tier.resource_id for tier in tiers.values()],
             encryption_key=encryption_key,
         )
@@ -163,34 +195,44 @@ class ServingStack(cdk.Stack):
         # endpoints are InService: up to 2 x 1,200 s on g5); before, every run would find no
         # scalable target.
         for tier in tiers.values():
-            self.scaling_limits.schedule_rule.node.add_dependency(tier.scaling.scalable_target)
+            publisher.schedule_rule.node.add_dependency(tier.scaling.scalable_target)
+        return publisher
 
-        self.calendar_reconciler: ReleaseCalendarReconciler | None = None
-        if scaling_plan.calendar_json is not None:
-            calendar = settings.release_calendar
-            hour, minute = (int(part) for part in calendar.daily_run_utc.split(":"))
-            self.calendar_reconciler = ReleaseCalendarReconciler(
-                self,
-                "ReleaseCalendar",
-                environment_name=settings.name,
-                calendar_json=scaling_plan.calendar_json,
-                capacity_models=scaling_plan.calendar_models,
-                scalable_targets={t: tiers[t].resource_id for t in scaling_plan.calendar_models},
-                horizon_days=calendar.horizon_days,
-                daily_run_utc=(hour, minute),
-                encryption_key=encryption_key,
-                log_retention=getattr(logs.RetentionDays,
-                                      LOG_RETENTION_DAYS[calendar.log_retention_days]),
-                alarm_topic=alarm_topic,
-            )
-            # Reconcile only once the scalable targets exist; it may write only tagged ones.
-            for tier in tiers.values():
-                self.calendar_reconciler.node.add_dependency(tier.scaling)
-            for target in scaling_plan.calendar_models:
-                self.calendar_reconciler.manage(tiers[target].scaling.scalable_target)
+    def _calendar_reconciler(self, settings: EnvironmentSettings, scaling_plan: ScalingPlan,
+                             tiers: Mapping[str, ModelTier], *, encryption_key: kms.IKey,
+                             alarm_topic: sns.ITopic) -> ReleaseCalendarReconciler | None:
+        """The release calendar's Lambda, when the calendar has dated events to keep."""
+        if scaling_plan.calendar_json is None:
+            return None
+        calendar = settings.release_calendar
+        hour, minute = (int(part) for part in calendar.daily_run_utc.split(":"))
+        reconciler = ReleaseCalendarReconciler(
+            self,
+            "ReleaseCalendar",
+            environment_name=settings.name,
+            resource_prefix=settings.resource_prefix,
+            calendar_json=scaling_plan.calendar_json,
+            capacity_models=scaling_plan.calendar_models,
+            scalable_targets={t: tiers[t].resource_id for t in scaling_plan.calendar_models},
+            horizon_days=calendar.horizon_days,
+            daily_run_utc=(hour, minute),
+            encryption_key=encryption_key,
+            log_retention=getattr(logs.RetentionDays,
+                                  LOG_RETENTION_DAYS[calendar.log_retention_days]),
+            alarm_topic=alarm_topic,
+        )
+        # Reconcile only once the scalable targets exist; it may write only tagged ones.
+        for tier in tiers.values():
+            reconciler.node.add_dependency(tier.scaling)
+        for target in scaling_plan.calendar_models:
+            reconciler.manage(tiers[target].scaling.scalable_target)
+        return reconciler
 
+    def _dashboard(self, settings: EnvironmentSettings,
+                   tiers: Mapping[str, ModelTier]) -> InferenceDashboard:
+        """One dashboard for both endpoints and, when there is one, the calendar's Lambda."""
         reconciler = self.calendar_reconciler
-        self.dashboard = InferenceDashboard(
+        return InferenceDashboard(
             self,
             "Dashboard",
             dashboard_name=f"{settings.resource_prefix}-inference",
@@ -202,8 +244,11 @@ class ServingStack(cdk.Stack):
             calendar_failed_runs_queue_name=(reconciler.failed_runs_queue.queue_name
                                              if reconciler else None),
         )
-        cdk.CfnOutput(self, "DashboardName", value=f"{settings.resource_prefix}-inference")
-        # What `python -m tools.quantize` reads (quantization/job_outputs.py names them).
+
+    def _outputs(self, resource_prefix: str, llm_model_prefix: str) -> None:
+        """The dashboard's name and what `python -m quantization.launch` reads
+        (quantization/job_outputs.py names them)."""
+        cdk.CfnOutput(self, "DashboardName", value=f"{resource_prefix}-inference")
         cdk.CfnOutput(self, job_outputs.JOB_ROLE_ARN,
                       value=self.quantization_job.iam_role.role_arn)
         cdk.CfnOutput(self, job_outputs.JOB_IMAGE_URI,
@@ -212,9 +257,20 @@ class ServingStack(cdk.Stack):
                       value=cdk.Fn.join(",", self.network.subnet_ids))
         cdk.CfnOutput(self, job_outputs.JOB_SECURITY_GROUP_ID,
                       value=self.network.ec2_security_group.security_group_id)
-        cdk.CfnOutput(self, job_outputs.LLM_MODEL_PREFIX, value=layout.llm.read_prefix,
+        cdk.CfnOutput(self, job_outputs.LLM_MODEL_PREFIX, value=llm_model_prefix,
                       description="The prefix the LLM endpoint serves (make promote never writes "
                       "it and copies the adapters from it).")
+
+
+@dataclass(frozen=True)
+class _EndpointParts:
+    """What both endpoints are built from: the artifact bucket and its layout, the project key,
+    the alarm topic."""
+
+    artifact_bucket: s3.IBucket
+    layout: ArtifactLayout
+    encryption_key: kms.IKey
+    alarm_topic: sns.ITopic
 
 
 def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:

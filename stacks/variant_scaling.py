@@ -133,9 +133,19 @@ class VariantScaling(Construct):
         # (scalable_target_id says why).
         cfn_target.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
 
-        self.target_tracking_policies: list[appscaling.TargetTrackingScalingPolicy] = []
+        self.target_tracking_policies = self._target_tracking(endpoint_name, settings, fleet)
+        self.step_scaling_policy = self._step_scaling(endpoint_name, variant_name, settings,
+                                                      fleet)
+        self._schedule(settings, scheduled_actions)
+        self.scheduled_actions = tuple(scheduled_actions)
+
+    def _target_tracking(self, endpoint_name: str, settings: ScalingSettings, fleet: FleetPlan
+                         ) -> list[appscaling.TargetTrackingScalingPolicy]:
+        """Target tracking on invocations per instance and/or the high-resolution concurrency,
+        at the capacity model's targets."""
+        policies: list[appscaling.TargetTrackingScalingPolicy] = []
         if settings.tracks_invocations:
-            self.target_tracking_policies.append(self.scalable_target.scale_to_track_metric(
+            policies.append(self.scalable_target.scale_to_track_metric(
                 "TargetTracking",
                 target_value=fleet.target_invocations_per_instance_per_min,
                 predefined_metric=(
@@ -147,32 +157,39 @@ class VariantScaling(Construct):
             if fleet.target_concurrent_requests_per_model is None:
                 raise ValueError(f"{endpoint_name}: high-resolution target tracking needs the "
                                  "capacity model's concurrency per instance")
-            self.target_tracking_policies.append(self.scalable_target.scale_to_track_metric(
+            policies.append(self.scalable_target.scale_to_track_metric(
                 "ConcurrencyTracking",
                 target_value=fleet.target_concurrent_requests_per_model,
                 predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION,
                 scale_out_cooldown=cdk.Duration.seconds(settings.scale_out_cooldown_s),
                 scale_in_cooldown=cdk.Duration.seconds(settings.scale_in_cooldown_s),
             ))
+        return policies
 
-        self.step_scaling_policy: appscaling.StepScalingPolicy | None = None
-        if settings.step_scaling is not None:
-            self.step_scaling_policy = self.scalable_target.scale_on_metric(
-                "StepScaleOut",
-                metric=contract_metric(
-                    mc.SM_INVOCATIONS_PER_INSTANCE,
-                    {"EndpointName": endpoint_name, "VariantName": variant_name},
-                    statistic="Sum",
-                    period=cdk.Duration.minutes(1),
-                ),
-                scaling_steps=step_intervals(fleet),
-                adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-                cooldown=cdk.Duration.seconds(settings.step_scaling.cooldown_s),
-                evaluation_periods=1,
-                datapoints_to_alarm=1,
-                metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
-            )
+    def _step_scaling(self, endpoint_name: str, variant_name: str, settings: ScalingSettings,
+                      fleet: FleetPlan) -> appscaling.StepScalingPolicy | None:
+        """Step scale-out from a 1-minute invocations alarm (None without step scaling)."""
+        if settings.step_scaling is None:
+            return None
+        return self.scalable_target.scale_on_metric(
+            "StepScaleOut",
+            metric=contract_metric(
+                mc.SM_INVOCATIONS_PER_INSTANCE,
+                {"EndpointName": endpoint_name, "VariantName": variant_name},
+                statistic="Sum",
+                period=cdk.Duration.minutes(1),
+            ),
+            scaling_steps=step_intervals(fleet),
+            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+            cooldown=cdk.Duration.seconds(settings.step_scaling.cooldown_s),
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
+        )
 
+    def _schedule(self, settings: ScalingSettings,
+                  scheduled_actions: Sequence[ScheduledCapacity]) -> None:
+        """The daily windows' and the release calendar's scheduled actions."""
         time_zone = cdk.TimeZone.of(settings.time_zone)
         for action in scheduled_actions:
             if action.timezone != settings.time_zone:
@@ -187,7 +204,6 @@ class VariantScaling(Construct):
                 min_capacity=action.min_capacity,
                 max_capacity=action.max_capacity,
             )
-        self.scheduled_actions = tuple(scheduled_actions)
 
     @property
     def step_alarm(self) -> cloudwatch.IAlarm | None:
