@@ -10,7 +10,7 @@ Three sides read this table and nothing else (docs/design-decisions.md#vllm-engi
 * the vLLM adapter maps the validated settings to ``AsyncEngineArgs`` keyword arguments row by
   row — ``containers/llm/gateway/engines/vllm.py``;
 
-and the stack's settings (``stacks/settings.py``) take their bounds from the same rows. A row's
+and the stack's settings (``stacks/settings/llm.py``) take their bounds from the same rows. A row's
 ``name`` is the container's setting (``ENGINE_<NAME>``); ``vllm_name`` is the ``EngineArgs``
 field when it differs (``num_gpu_blocks`` → ``num_gpu_blocks_override``).
 

@@ -5,7 +5,7 @@ The model artifact is the ``model.tar.gz`` that ``neuron/compile.py --target inf
 ``containers/intent`` on the Neuron inference image matching the target (build argument
 ``TARGET``). The server refuses an artifact compiled for another target. On inf1 SageMaker's
 deployment guardrails do not apply: updates are blue/green all at once, without a bake or
-automatic rollback (stacks/settings.py, GUARDRAILS_EXCLUDED_FAMILIES).
+automatic rollback (stacks/settings/aws.py, GUARDRAILS_EXCLUDED_FAMILIES).
 """
 
 from __future__ import annotations

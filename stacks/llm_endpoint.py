@@ -1,11 +1,11 @@
 """The vLLM endpoint: our gateway + vLLM image, AWQ weights and LoRA adapters from S3, on g5.
 
-Everything that sizes GPU memory comes from the GPU budget's plan for the settings
-(:meth:`LlmEndpointSettings.memory_plan`); the container receives it as ``ENGINE_*`` variables
-and re-checks it against the engine's own KV report at start-up. What the gateway admits — its
-per-bucket concurrency caps, the KV watermark, the context window's shares — is the capacity
-model's (:meth:`LlmEndpointSettings.capacity_plan`), so the caps are what the pool holds within
-the latency SLOs, not the gateway's built-in defaults.
+Everything that sizes GPU memory comes from the GPU budget's plan for the settings; the
+container receives it as ``ENGINE_*`` variables and re-checks it against the engine's own KV
+report at start-up. What the gateway admits — its per-bucket concurrency caps, the KV watermark,
+the context window's shares — is the capacity model's, so the caps are what the pool holds within
+the latency SLOs, not the gateway's built-in defaults. Both plans are the environment's, made once
+when its settings loaded (:class:`stacks.settings.EnvironmentPlans`).
 """
 
 from __future__ import annotations
