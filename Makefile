@@ -107,7 +107,7 @@ budget: setup ## the GPU memory plan ENV's LLM endpoint is deployed with (docs/g
 	$(PY) -m tools.budget env --env $(ENV)
 
 local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
-	$(PY) containers/llm/run_local.py $(if $(PORT),--port $(PORT))
+	$(PY) -m tools.local_gateway $(if $(PORT),--port $(PORT))
 
 intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it like the intent endpoint
 	$(PY) -m neuron.random_model build/intent-random

@@ -2,9 +2,10 @@
 
 Both servers run side by side in this one run, as separate uvicorn processes on this machine:
 
-* **gateway** — ``containers/llm/serve --engine sim`` with a zero-latency simulator: validation,
-  routing, the sliding-window context budget in the served model's tokens, admission, generation
-  of ``--max-tokens`` simulated tokens, the OpenAI response and the per-request EMF line.
+* **gateway** — ``tests/support/sim_serve.py --engine sim`` with a zero-latency simulator:
+  validation, routing, the sliding-window context budget in the served model's tokens,
+  admission, generation of ``--max-tokens`` simulated tokens, the OpenAI response and the
+  per-request EMF line.
 * **bare** — a FastAPI endpoint that only parses the same body with the same request model and
   returns a fixed answer.
 
@@ -41,7 +42,7 @@ sys.path[:0] = [str(REPO), str(LLM_DIR)]
 
 from tokenizers import Tokenizer  # noqa: E402
 
-from gateway.demo_model import synthetic_conversation, write_model_dir  # noqa: E402
+from tests.support.demo_model import synthetic_conversation, write_model_dir  # noqa: E402
 from prompts import SYSTEM_PROMPT_EN  # noqa: E402
 
 TURNS = (5, 30, 60)
@@ -92,11 +93,12 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 
 
 def start_gateway(model_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "GATEWAY_MODEL_DIR": str(model_dir), "ENGINE_SIM_EOS_PROBABILITY": "0",
+    env = {**os.environ, "GATEWAY_MODEL_DIR": str(model_dir), "SIM_EOS_PROBABILITY": "0",
            "ENGINE_NUM_GPU_BLOCKS": "8192", "GATEWAY_METRICS_INTERVAL_S": "60"}
     log = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, str(LLM_DIR / "serve"), "--engine", "sim", "--host", "127.0.0.1",
+        [sys.executable, str(REPO / "tests" / "support" / "sim_serve.py"), "--engine", "sim",
+         "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )

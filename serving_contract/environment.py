@@ -131,7 +131,7 @@ class SettingSpec:
 GATEWAY_SETTINGS: tuple[SettingSpec, ...] = (
     # --- where the model is and what it is called ----------------------------------------------
     SettingSpec(GATEWAY_ENGINE, "vllm",
-                "Engine to run when `serve` gets no --engine: sim or vllm."),
+                "Engine to run when `serve` gets no --engine: vllm (the test side adds sim)."),
     SettingSpec(GATEWAY_MODEL_DIR, "/opt/ml/model",
                 "Model directory: tokenizer.json, tokenizer_config.json (chat template), weights."),
     SettingSpec(GATEWAY_SERVED_MODEL_NAME, "mangaassist-base",

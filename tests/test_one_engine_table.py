@@ -123,11 +123,10 @@ def test_the_gateway_default_utilization_is_the_a10g_rule() -> None:
 
 
 def test_the_container_and_the_adapter_are_built_from_the_table() -> None:
-    engine_fields = {f.name for f in dataclasses.fields(EngineSettings)
-                     if not f.name.startswith("sim_")}
+    engine_fields = {f.name for f in dataclasses.fields(EngineSettings)}
     assert engine_fields == {arg.name for arg in ENGINE_ARGS}
     specs = {spec.env: spec.default for spec in SETTING_SPECS
-             if spec.env.startswith("ENGINE_") and not spec.env.startswith("ENGINE_SIM_")}
+             if spec.env.startswith("ENGINE_")}
     assert specs == {arg.env: arg.default_text for arg in ENGINE_ARGS}
     assert set(ENGINE_ARG_FIELDS) == {arg.field for arg in ENGINE_ARGS} | set(
         GATEWAY_SUPPLIED_FIELDS)

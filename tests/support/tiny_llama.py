@@ -26,11 +26,15 @@ import os
 import shutil
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prompts import LLAMA3_BOS, LLAMA3_EOT, LLAMA3_INSTRUCT_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANGA_QA = REPO_ROOT / "quantization" / "data" / "manga_qa.jsonl"
@@ -61,10 +65,11 @@ def _training_texts(qa_jsonl: Path) -> Iterator[str]:
                 yield record["answer"]
 
 
-def build_tiny_llama3_tokenizer(qa_jsonl: Path, out_dir: Path, *, vocab_size: int = 768) -> None:
-    """Train a byte-level BPE on ``qa_jsonl`` and save it as a Llama-3-style tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def train_byte_level_bpe(texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
+    """The project's one tokenizer trainer: a byte-level BPE with Llama-3's special tokens,
+    trained on ``texts`` (every byte is in the alphabet, so any text round-trips). The tiny
+    Llama and the demo model (:mod:`tests.support.demo_model`) each bring their corpus and size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -75,7 +80,16 @@ def build_tiny_llama3_tokenizer(qa_jsonl: Path, out_dir: Path, *, vocab_size: in
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_training_texts(qa_jsonl), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def build_tiny_llama3_tokenizer(qa_jsonl: Path, out_dir: Path, *, vocab_size: int = 768) -> None:
+    """Train a byte-level BPE on ``qa_jsonl`` and save it as a Llama-3-style tokenizer."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_byte_level_bpe(_training_texts(qa_jsonl), vocab_size=vocab_size)
     bos_id = tokenizer.token_to_id(LLAMA3_BOS)
     # Llama-3's tokenizer.json prepends BOS to every encode: the chat template also writes it,
     # so a correct caller must tokenize rendered chat text with add_special_tokens=False.

@@ -1,7 +1,7 @@
 """Start the MangaAssist LLM gateway: SageMaker runs ``docker run IMAGE serve``, which runs
 :func:`run` through ``containers/llm/serve`` (``python -m gateway.main`` does the same).
 
-    serve [--engine sim|vllm] [--host 0.0.0.0] [--port N]
+    serve [--engine vllm] [--host 0.0.0.0] [--port N]
 
 The port is --port, else $SAGEMAKER_BIND_TO_PORT, else $PORT, else 8080. Settings come from
 GATEWAY_* and ENGINE_* environment variables (docs/gateway.md); any invalid one stops the start
@@ -67,7 +67,7 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     """The command line (SageMaker's leading ``serve`` argument is accepted and dropped)."""
     parser = argparse.ArgumentParser(prog="serve", description="MangaAssist LLM gateway")
     parser.add_argument("--engine", default=None,
-                        help="inference engine: sim or vllm (default $GATEWAY_ENGINE, else vllm)")
+                        help="inference engine (default $GATEWAY_ENGINE, else vllm)")
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=None,
                         help="port (default $SAGEMAKER_BIND_TO_PORT, else $PORT, else 8080)")
@@ -78,9 +78,11 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(arguments)
 
 
-def load(args: argparse.Namespace, environ: Mapping[str, str]
+def load(args: argparse.Namespace, environ: Mapping[str, str],
+         engines: Mapping[str, EngineBuilder] | None = None
          ) -> tuple[int, Settings, EngineBuilder, ChatTokenizer]:
-    """Everything checked before the server starts; ValueError (and kin) name what is wrong."""
+    """Everything checked before the server starts; ValueError (and kin) name what is wrong.
+    ``engines``: builders beyond the registered ones (the test side's simulator)."""
     port = resolve_port(args.port, environ)
     settings = load_settings(environ)
     # Before the engine loads a byte: the files SageMaker copied are the ones published.
@@ -88,7 +90,7 @@ def load(args: argparse.Namespace, environ: Mapping[str, str]
     if verified.files:
         print(f"serve: {verified.describe()}", file=sys.stderr)
     engine_name = args.engine or settings.gateway.engine
-    builder = engine_builder(engine_name)
+    builder = engine_builder(engine_name, engines)
     # Construction is cheap by contract and checks what no retry can fix (engine arguments,
     # the model directory, max_model_len against the model's positions): exit 2 now.
     builder(settings)
@@ -112,11 +114,14 @@ class GatewayServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments and settings, then run uvicorn until SIGTERM; the process exit code."""
+def run(argv: Sequence[str] | None = None,
+        engines: Mapping[str, EngineBuilder] | None = None) -> int:
+    """Parse arguments and settings, then run uvicorn until SIGTERM; the process exit code.
+    ``engines``: builders beyond the registered ones, by ``--engine`` name (the image has none;
+    the test side brings its simulator, ``tests/support/sim_serve.py``)."""
     args = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
-        port, settings, builder, tokenizer = load(args, os.environ)
+        port, settings, builder, tokenizer = load(args, os.environ, engines)
     except (ValueError, SettingsError, UnknownEngine, ModelDirError, EngineConfigError) as error:
         print(f"serve: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -8,7 +8,7 @@ Two prefixes, so nothing collides with vLLM's own ``VLLM_*`` variables:
   (``ENGINE_MAX_MODEL_LEN`` is ``max_model_len``): one row each of the GPU budget's engine
   argument table (:data:`gpu_budget.engine_args.ENGINE_ARGS`), which gives their type, accepted
   values and default — the plan that writes them and the adapter that maps them read the same
-  rows. ``ENGINE_SIM_*`` are the simulator's own knobs.
+  rows.
 
 The CDK stack sets these from the GPU budget. Every variable is declared once in
 :data:`SETTING_SPECS` (name, default, meaning); :func:`load_settings` rejects unknown
@@ -102,21 +102,10 @@ SETTING_SPECS: tuple[SettingSpec, ...] = (
     *GATEWAY_SETTINGS,
     # --- engine arguments: the GPU budget's table (vLLM EngineArgs names) -------------------------
     *(SettingSpec(arg.env, arg.default_text, arg.help) for arg in ENGINE_ARGS),
-    SettingSpec("ENGINE_SIM_STEP_TIME_S", "0.0", "Simulator: wall time per engine step."),
-    SettingSpec("ENGINE_SIM_TOKEN_TIME_S", "0.0", "Simulator: extra wall time per batched token."),
-    SettingSpec("ENGINE_SIM_STARTUP_S", "0.0", "Simulator: time `start()` takes (weight load)."),
-    SettingSpec("ENGINE_SIM_OOM_AT_STEP", None,
-                "Simulator: every engine built dies of OOM at this step (a persistent fault)."),
-    SettingSpec("ENGINE_SIM_OOM_BATCHED_TOKENS", None,
-                "Simulator: a step batching at least this many tokens dies of OOM."),
-    SettingSpec("ENGINE_SIM_EOS_PROBABILITY", "0.02",
-                "Simulator: chance per token of ending the answer (finish_reason stop)."),
-    SettingSpec("ENGINE_SIM_SEED", "0", "Simulator: seed of the generated text."),
 )
 """Every variable the gateway reads: the contract's ``GATEWAY_*`` and one ``ENGINE_*`` per row of
 the engine-argument table."""
 _KNOWN = {spec.env: spec for spec in SETTING_SPECS}
-SIM_DEFAULT_NUM_GPU_BLOCKS = 2048
 
 
 @dataclass(frozen=True)
@@ -137,8 +126,8 @@ class BucketPolicy:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine arguments (one field per row of :data:`gpu_budget.engine_args.ENGINE_ARGS`, under
-    the row's name) and the simulator's knobs."""
+    """Engine arguments: one field per row of :data:`gpu_budget.engine_args.ENGINE_ARGS`, under
+    the row's name."""
 
     max_model_len: int
     block_size: int
@@ -157,13 +146,6 @@ class EngineSettings:
     enable_prefix_caching: bool
     enforce_eager: bool
     max_num_queued_reqs: int | None
-    sim_step_time_s: float
-    sim_token_time_s: float
-    sim_startup_s: float
-    sim_oom_at_step: int | None
-    sim_oom_batched_tokens: int | None
-    sim_eos_probability: float
-    sim_seed: int
 
 
 @dataclass(frozen=True)
@@ -433,16 +415,7 @@ def _parse_buckets(reader: _Reader, max_model_len: int) -> BucketPolicy:
 
 def _parse_engine(reader: _Reader) -> EngineSettings:
     engine_args = {arg.name: reader.engine_arg(arg) for arg in ENGINE_ARGS}
-    return EngineSettings(
-        **engine_args,  # type: ignore[arg-type]  # each typed by its row
-        sim_step_time_s=reader.number("ENGINE_SIM_STEP_TIME_S", low=0.0, high=10.0),
-        sim_token_time_s=reader.number("ENGINE_SIM_TOKEN_TIME_S", low=0.0, high=1.0),
-        sim_startup_s=reader.number("ENGINE_SIM_STARTUP_S", low=0.0, high=3600.0),
-        sim_oom_at_step=reader.optional_int("ENGINE_SIM_OOM_AT_STEP", minimum=1),
-        sim_oom_batched_tokens=reader.optional_int("ENGINE_SIM_OOM_BATCHED_TOKENS", minimum=1),
-        sim_eos_probability=reader.number("ENGINE_SIM_EOS_PROBABILITY", low=0.0, high=1.0),
-        sim_seed=reader.integer("ENGINE_SIM_SEED", minimum=0),
-    )
+    return EngineSettings(**engine_args)  # type: ignore[arg-type]  # each typed by its row
 
 
 def load_settings(environ: Mapping[str, str]) -> Settings:

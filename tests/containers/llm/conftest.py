@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from gateway.app import GatewayRuntime
-from gateway.demo_model import write_model_dir
-from gateway.engines.sim import from_settings
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from tests.containers.llm.harness import GatewayProcess, make_settings
+from tests.support.demo_model import write_model_dir
+from tests.support.sim_engine import SimSettings, from_settings
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +50,7 @@ def start_gateway(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def gateway(start_gateway: Any) -> GatewayProcess:
     """The shared gateway (defaults, zero-latency sim) used by the HTTP contract tests."""
-    process: GatewayProcess = start_gateway({"ENGINE_SIM_EOS_PROBABILITY": "0.05"})
+    process: GatewayProcess = start_gateway({"SIM_EOS_PROBABILITY": "0.05"})
     process.wait_ready()
     return process
 
@@ -60,10 +60,14 @@ def make_runtime(demo_model_dir: Path, chat_tokenizer: ChatTokenizer) -> Any:
     """Factory: an in-process GatewayRuntime (not started) whose log lines land in a list."""
 
     def build(**env: str) -> tuple[GatewayRuntime, list[str]]:
-        settings = make_settings(demo_model_dir, **env)
+        # SIM_* are the simulator's own knobs; the rest are the gateway's settings.
+        sim = SimSettings.from_environ(env)
+        settings = make_settings(demo_model_dir, **{key: value for key, value in env.items()
+                                                    if not key.startswith("SIM_")})
         lines: list[str] = []
         runtime = GatewayRuntime(
-            settings, tokenizer=chat_tokenizer, engine_factory=lambda: from_settings(settings),
+            settings, tokenizer=chat_tokenizer,
+            engine_factory=lambda: from_settings(settings, sim),
             telemetry=Telemetry(endpoint_name="test", variant_name="AllTraffic",
                                 sink=lines.append),
         )

@@ -408,7 +408,7 @@ def test_the_gateway_runs_and_learns_n_choices_per_choice(make_runtime: Any) -> 
     """Through the service on the simulated engine: an n=3 request holds three of the running
     sequences while it streams, and admission learns three answers of 12 tokens (its usage
     counts 36), each choice's stream pacing itself."""
-    runtime, _ = make_runtime(ENGINE_SIM_EOS_PROBABILITY="0")
+    runtime, _ = make_runtime(SIM_EOS_PROBABILITY="0")
 
     async def scenario() -> tuple[list[int], int, list[int]]:
         await runtime.supervisor.start()

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 
-from gateway.demo_model import synthetic_conversation
 from gateway.tokenizer import ChatTokenizer
 from tests.containers.llm.harness import GatewayProcess
 from tests.containers.llm.test_telemetry import assert_valid_emf
+from tests.support.demo_model import synthetic_conversation
 
 
 def long_messages(tokenizer: ChatTokenizer, turns: int, seed: int) -> list[dict[str, str]]:
@@ -29,7 +29,7 @@ def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_a
     arrival with 429 and a Retry-After."""
     gateway: GatewayProcess = start_gateway({
         "ENGINE_MAX_MODEL_LEN": "1024", "ENGINE_NUM_GPU_BLOCKS": "80",
-        "ENGINE_SIM_STEP_TIME_S": "0.005", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",
         "GATEWAY_TTFT_SLO_S": "1.2", "GATEWAY_RETRY_AFTER_S": "1",
     })
     gateway.wait_ready()
@@ -69,7 +69,7 @@ def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_a
 
 def test_no_request_outlives_the_deadline(start_gateway: Any) -> None:
     gateway: GatewayProcess = start_gateway({
-        "ENGINE_SIM_STEP_TIME_S": "0.005", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",
         "GATEWAY_REQUEST_DEADLINE_S": "1.5", "GATEWAY_ADMISSION_WAIT_S": "1",
     })
     gateway.wait_ready()

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from context_window import StepPolicy, stable_history_start
-from gateway.demo_model import synthetic_conversation
 from gateway.service import MARKER_TEMPLATE, ApiError
 from gateway.tokenizer import ChatTokenizer, ChatTurn
 from prompts import SYSTEM_PROMPT_JA
 from tests.containers.llm.harness import chat_request, new_record
+from tests.support.demo_model import synthetic_conversation
 
 PREFERENCE = "好きなジャンルはダークファンタジーです。I never want romance recommendations."
 

@@ -1,7 +1,7 @@
 """tools/decode_bench.py against the real gateway (simulated engine) on a real socket.
 
 The benchmark ``tools/gpu_smoke.sh`` runs on a GPU is exercised here end to end: the
-simulated engine takes ``ENGINE_SIM_STEP_TIME_S`` per step plus ``ENGINE_SIM_TOKEN_TIME_S`` per
+simulated engine takes ``SIM_STEP_TIME_S`` per step plus ``SIM_TOKEN_TIME_S`` per
 batched token, so the measured time per output token is at least the step time and grows with
 the batch, and the profile written back is one the capacity model reads.
 """
@@ -25,8 +25,8 @@ KEY = "Test GPU|demo-model|bf16|auto"
 def test_measures_ttft_and_tpot_by_batch_and_writes_the_profile_back(
         start_gateway: Any, tmp_path: Path) -> None:
     gateway: GatewayProcess = start_gateway({
-        "ENGINE_SIM_STEP_TIME_S": "0.01", "ENGINE_SIM_TOKEN_TIME_S": "0.0005",
-        "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "SIM_STEP_TIME_S": "0.01", "SIM_TOKEN_TIME_S": "0.0005",
+        "SIM_EOS_PROBABILITY": "0",
     })
     gateway.wait_ready()
     table = tmp_path / "decode_speed.json"

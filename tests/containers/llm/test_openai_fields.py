@@ -11,7 +11,6 @@ import pytest
 from openai.types.chat import completion_create_params
 
 from gateway.api_schema import ChatCompletionRequest
-from gateway.engines.sim import SIM_FIELD_SUPPORT
 from gateway.openai_fields import (
     ACCEPTED,
     BY_NAME,
@@ -20,6 +19,7 @@ from gateway.openai_fields import (
     SAMPLING_FIELDS,
     compatibility_markdown,
 )
+from tests.support.sim_engine import SIM_FIELD_SUPPORT
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

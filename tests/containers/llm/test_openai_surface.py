@@ -91,7 +91,7 @@ def test_streamed_logprobs_add_up_to_the_answer(gateway: GatewayProcess) -> None
 
 
 def test_min_tokens_and_ignore_eos_hold_the_answer_open(start_gateway: Any) -> None:
-    gateway: GatewayProcess = start_gateway({"ENGINE_SIM_EOS_PROBABILITY": "1.0"})
+    gateway: GatewayProcess = start_gateway({"SIM_EOS_PROBABILITY": "1.0"})
     gateway.wait_ready()
     ask = {"role": "user", "content": QUESTION}
     eager = post(gateway, messages=[ask], max_tokens=8).json()

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from gateway.app import GatewayRuntime
-from gateway.engines.sim import from_settings
 from gateway.engines.vllm import token_ids_of
 from gateway.service import ApiError, PreparedChat
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from tests.containers.llm.harness import chat_request, make_settings, new_record
+from tests.support.sim_engine import from_settings
 from tests.support.tiny_llama import MANGA_QA, build_tiny_llama3_tokenizer
 
 FRAGMENTS: tuple[str, ...] = (

@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.demo_model import synthetic_conversation
 from gateway.openai_fields import REFUSED
 from gateway.tokenizer import ChatTokenizer
 from prompts import SYSTEM_PROMPT_EN
 from request_buckets import bucket_bounds
 from tests.containers.llm.harness import GatewayProcess
 from tests.containers.llm.test_telemetry import assert_valid_emf
+from tests.support.demo_model import synthetic_conversation
 
 USER = {"role": "user", "content": "Is One Piece volume 1 available in English?"}
 

@@ -20,7 +20,7 @@ from gateway.engines.base import (
     SamplingParams,
     SupportsFaultInjection,
 )
-from gateway.engines.sim import SimEngine
+from tests.support.sim_engine import SimEngine
 
 
 def prompt(tokens: int) -> RenderedPrompt:

@@ -55,7 +55,7 @@ async def drive(gateway: GatewayProcess) -> tuple[dict[int, int], dict[int, int]
 def test_ten_thousand_requests_keep_memory_bounded(start_gateway: Any) -> None:
     gateway: GatewayProcess = start_gateway({
         "GATEWAY_TOKEN_CACHE_MAX_TOKENS": str(CACHE_TOKENS),
-        "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "SIM_EOS_PROBABILITY": "0",
         "GATEWAY_METRICS_INTERVAL_S": "0.5",
     })
     gateway.wait_ready()

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gateway.engines.base import EngineDead, EngineError, EngineOutOfMemory, InferenceEngine
-from gateway.engines.sim import SimEngine
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
+from tests.support.sim_engine import SimEngine
 
 
 class FlakyFactory:

@@ -1,6 +1,6 @@
 """The gateway measures the stream's pace per request: ``TimePerOutputToken`` on a real socket.
 
-The simulated engine takes ``ENGINE_SIM_STEP_TIME_S`` per engine step and emits one token per
+The simulated engine takes ``SIM_STEP_TIME_S`` per engine step and emits one token per
 running sequence per step, so a request's time per output token is that step time (plus the
 event loop's scheduling): the metric the LLM endpoint's paging and rollback alarm watches.
 """
@@ -18,7 +18,7 @@ from tests.containers.llm.test_telemetry import assert_valid_emf
 def test_streamed_and_plain_requests_report_their_time_per_output_token(
         start_gateway: Any) -> None:
     gateway: GatewayProcess = start_gateway({
-        "ENGINE_SIM_STEP_TIME_S": "0.02", "ENGINE_SIM_EOS_PROBABILITY": "0",
+        "SIM_STEP_TIME_S": "0.02", "SIM_EOS_PROBABILITY": "0",
     })
     gateway.wait_ready()
     body = {"messages": [{"role": "user", "content": "Recommend a long manga, please."}],

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo_model import synthetic_conversation
 from gateway.tokenizer import (
     ChatTemplateError,
     ChatTokenizer,
@@ -17,6 +16,7 @@ from gateway.tokenizer import (
     TokenCache,
 )
 from prompts import SYSTEM_PROMPT_JA
+from tests.support.demo_model import synthetic_conversation
 
 
 def turns_of(messages: list[dict[str, str]]) -> list[ChatTurn]:

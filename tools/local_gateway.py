@@ -1,12 +1,13 @@
-#!/usr/bin/env python3
 """Run the gateway locally on the simulated engine (what ``make local`` runs).
 
 Builds the demo model directory (a byte-level BPE tokenizer trained on a manga corpus, no
 downloads) into ``.cache/llm-demo-model`` if it is not there, prints how to talk to the gateway
-with curl and the openai client, then replaces itself with ``serve --engine sim``. Test mode is
-on, so ``POST /admin/engine/oom`` kills the simulated engine to show the fallback and recovery.
+with curl and the openai client, then replaces itself with the gateway's ``serve`` with the
+simulated engine registered (``tests/support/sim_serve.py --engine sim``). The simulator and the
+demo model are test support and never ship in the image. Test mode is on, so
+``POST /admin/engine/oom`` kills the simulated engine to show the fallback and recovery.
 
-    python containers/llm/run_local.py [--port 8080] [--model-dir .cache/llm-demo-model]
+    python -m tools.local_gateway [--port 8080] [--model-dir .cache/llm-demo-model]
 """
 
 from __future__ import annotations
@@ -16,22 +17,27 @@ import os
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
+from serving_contract.environment import (
+    GATEWAY_METRICS_ENDPOINT_NAME,
+    GATEWAY_METRICS_INTERVAL_S,
+    GATEWAY_MODEL_DIR,
+    GATEWAY_TEST_MODE,
+)
+from tests.support.demo_model import write_model_dir
 
-from gateway.demo_model import write_model_dir  # noqa: E402
-
+REPO = Path(__file__).resolve().parent.parent
+SIM_SERVE = REPO / "tests" / "support" / "sim_serve.py"
 LOCAL_DEFAULTS = {
-    "GATEWAY_TEST_MODE": "true",
-    "GATEWAY_METRICS_ENDPOINT_NAME": "local",
-    "GATEWAY_METRICS_INTERVAL_S": "30",
-    "ENGINE_SIM_STEP_TIME_S": "0.02",  # ~50 tokens/s per sequence: streaming is visible
-    "ENGINE_SIM_EOS_PROBABILITY": "0.03",
+    GATEWAY_TEST_MODE: "true",
+    GATEWAY_METRICS_ENDPOINT_NAME: "local",
+    GATEWAY_METRICS_INTERVAL_S: "30",
+    "SIM_STEP_TIME_S": "0.02",  # ~50 tokens/s per sequence: streaming is visible
+    "SIM_EOS_PROBABILITY": "0.03",
 }
 
 
 def instructions(port: int) -> str:
+    """How to talk to the local gateway: curl, the openai client, the OOM injection."""
     url = f"http://localhost:{port}"
     return f"""
 MangaAssist gateway on the simulated engine: {url}  (Ctrl-C to stop)
@@ -63,6 +69,7 @@ messages=[{{'role': 'user', 'content': 'Is One Piece volume 1 in English?'}}]).c
 
 
 def main() -> int:
+    """Build the demo model if needed, print the instructions, exec the gateway."""
     parser = argparse.ArgumentParser(description="Run the gateway on the simulated engine.")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     parser.add_argument("--model-dir", type=Path, default=REPO / ".cache" / "llm-demo-model")
@@ -71,9 +78,8 @@ def main() -> int:
         print(f"building the demo model directory in {args.model_dir} ...", flush=True)
         write_model_dir(args.model_dir)
     print(instructions(args.port), flush=True)
-    env = {**LOCAL_DEFAULTS, **os.environ, "GATEWAY_MODEL_DIR": str(args.model_dir)}
-    serve = HERE / "serve"
-    os.execve(sys.executable, [sys.executable, str(serve), "--engine", "sim", "--port",
+    env = {**LOCAL_DEFAULTS, **os.environ, GATEWAY_MODEL_DIR: str(args.model_dir)}
+    os.execve(sys.executable, [sys.executable, str(SIM_SERVE), "--engine", "sim", "--port",
                                str(args.port)], env)
     return 0  # not reached
 

@@ -1,4 +1,9 @@
-"""A simulated PagedAttention engine: vLLM's memory behaviour without a GPU.
+"""A simulated PagedAttention engine: vLLM's memory behaviour without a GPU (test support).
+
+It never ships: the LLM image carries only the vLLM engine. Tests, benchmarks and ``make local``
+start the gateway with it registered (:mod:`tests.support.sim_serve`, ``--engine sim``) or pass
+it to :class:`gateway.app.GatewayRuntime` as the engine factory; its own knobs are ``SIM_*``
+variables (:data:`SIM_SETTING_SPECS`), which the gateway's settings never see.
 
 Its output text is generated, not meaningful; its behaviour under memory pressure is the point:
 
@@ -45,8 +50,9 @@ import math
 import random
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.engines.base import (
     AdapterRef,
@@ -63,7 +69,7 @@ from gateway.engines.base import (
     SamplingParams,
     TokenLogprob,
 )
-from gateway.settings import SIM_DEFAULT_NUM_GPU_BLOCKS, Settings
+from gateway.settings import Settings
 
 # Words the simulator "generates": manga-shop vocabulary in both languages. Token ids are
 # arbitrary but stable (the position in this tuple plus an offset clear of special tokens).
@@ -709,9 +715,78 @@ class SimEngine:
         self._free_blocks = list(range(self.num_gpu_blocks))
 
 
-def from_settings(settings: Settings) -> SimEngine:
-    """Build the simulator from ENGINE_* settings (the ``--engine sim`` builder)."""
-    engine = settings.engine
+SIM_DEFAULT_NUM_GPU_BLOCKS = 2048
+"""The simulator's KV pool when ENGINE_NUM_GPU_BLOCKS is unset (vLLM measures its own)."""
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One of the simulator's own variables: name, default (None: unset) and meaning."""
+
+    env: str
+    default: str | None
+    help: str
+
+
+SIM_SETTING_SPECS: tuple[SimSpec, ...] = (
+    SimSpec("SIM_STEP_TIME_S", "0.0", "Wall time per engine step."),
+    SimSpec("SIM_TOKEN_TIME_S", "0.0", "Extra wall time per batched token."),
+    SimSpec("SIM_STARTUP_S", "0.0", "Time `start()` takes (weight load)."),
+    SimSpec("SIM_OOM_AT_STEP", None,
+            "Every engine built dies of OOM at this step (a persistent fault)."),
+    SimSpec("SIM_OOM_BATCHED_TOKENS", None, "A step batching at least this many tokens dies of "
+            "OOM."),
+    SimSpec("SIM_EOS_PROBABILITY", "0.02",
+            "Chance per token of ending the answer (finish_reason stop)."),
+    SimSpec("SIM_SEED", "0", "Seed of the generated text."),
+)
+"""The simulator's knobs. They are the test side's, not the gateway's: the gateway's settings
+know nothing of them (its ``GATEWAY_*``/``ENGINE_*`` check never sees a ``SIM_*`` name)."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The simulator's knobs, read from ``SIM_*`` variables by :meth:`from_environ`."""
+
+    step_time_s: float = 0.0
+    token_time_s: float = 0.0
+    startup_s: float = 0.0
+    oom_at_step: int | None = None
+    oom_batched_tokens: int | None = None
+    eos_probability: float = 0.02
+    seed: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SimSettings:
+        """The ``SIM_*`` variables of ``environ`` (unset: the default); ValueError naming a bad
+        one (the engine itself checks the ranges)."""
+        values: dict[str, str | None] = {
+            spec.env: environ.get(spec.env) or spec.default for spec in SIM_SETTING_SPECS}
+
+        def number(env: str, kind: type[float] | type[int]) -> Any:
+            text = values[env]
+            if text is None:
+                return None
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{env}={text!r}: expected {kind.__name__}") from None
+
+        return cls(
+            step_time_s=number("SIM_STEP_TIME_S", float),
+            token_time_s=number("SIM_TOKEN_TIME_S", float),
+            startup_s=number("SIM_STARTUP_S", float),
+            oom_at_step=number("SIM_OOM_AT_STEP", int),
+            oom_batched_tokens=number("SIM_OOM_BATCHED_TOKENS", int),
+            eos_probability=number("SIM_EOS_PROBABILITY", float),
+            seed=number("SIM_SEED", int),
+        )
+
+
+def from_settings(settings: Settings, sim: SimSettings | None = None) -> SimEngine:
+    """Build the simulator from the gateway's ENGINE_* settings and its own ``sim`` knobs
+    (default: :class:`SimSettings`' defaults)."""
+    engine, sim = settings.engine, sim or SimSettings()
     return SimEngine(
         num_gpu_blocks=engine.num_gpu_blocks or SIM_DEFAULT_NUM_GPU_BLOCKS,
         block_size=engine.block_size,
@@ -720,12 +795,19 @@ def from_settings(settings: Settings) -> SimEngine:
         max_model_len=engine.max_model_len,
         max_loras=engine.max_loras,
         adapter_names=settings.adapter_names(),
-        step_time_s=engine.sim_step_time_s,
-        token_time_s=engine.sim_token_time_s,
-        startup_time_s=engine.sim_startup_s,
-        oom_at_step=engine.sim_oom_at_step,
-        oom_batched_tokens=engine.sim_oom_batched_tokens,
-        eos_probability=engine.sim_eos_probability,
-        seed=engine.sim_seed,
+        step_time_s=sim.step_time_s,
+        token_time_s=sim.token_time_s,
+        startup_time_s=sim.startup_s,
+        oom_at_step=sim.oom_at_step,
+        oom_batched_tokens=sim.oom_batched_tokens,
+        eos_probability=sim.eos_probability,
+        seed=sim.seed,
         prefix_caching=engine.enable_prefix_caching,
     )
+
+
+def sim_builder(environ: Mapping[str, str]) -> Callable[[Settings], SimEngine]:
+    """The ``--engine sim`` builder the test side registers with ``gateway.main.run``: the
+    gateway's settings plus the ``SIM_*`` knobs of ``environ`` (read once, here)."""
+    sim = SimSettings.from_environ(environ)
+    return lambda settings: from_settings(settings, sim)

@@ -1,4 +1,5 @@
-"""A small, self-made model directory for tests, benchmarks and ``make local``.
+"""A small, self-made model directory for tests, benchmarks and ``make local`` (test support:
+it never ships in the image).
 
 The gateway counts tokens with the served model's own tokenizer, read from the model directory
 (``tokenizer.json`` plus the chat template in ``tokenizer_config.json``). Nothing here may download
@@ -6,7 +7,7 @@ at run time, so this module *trains* a byte-level BPE tokenizer on a small manga
 Japanese and English text (about a second) and writes it with a Llama-3-style chat template. The
 simulated engine never reads weights, so a tokenizer directory is a complete "model" for it.
 
-Run ``python -m gateway.demo_model --out .cache/llm-demo-model`` to build one.
+Run ``python -m tests.support.demo_model --out .cache/llm-demo-model`` to build one.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from prompts import (
     LLAMA3_BOS,
     LLAMA3_EOT,
     LLAMA3_INSTRUCT_CHAT_TEMPLATE,
-    LLAMA3_SPECIAL_TOKENS,
     MANGA_CORPUS_EN,
     MANGA_CORPUS_JA,
     SYSTEM_PROMPT_EN,
     SYSTEM_PROMPT_JA,
 )
+from tests.support.tiny_llama import train_byte_level_bpe
 
 
 def corpus_lines() -> list[str]:
@@ -41,18 +42,9 @@ def corpus_lines() -> list[str]:
 
 
 def train_tokenizer(vocab_size: int = 2048) -> Tokenizer:
-    """Train a byte-level BPE tokenizer (Llama-3 style special tokens) on the manga corpus."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(LLAMA3_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus_lines() * 4, trainer=trainer)
-    return tokenizer
+    """A byte-level BPE tokenizer (Llama-3 style special tokens) trained on the manga corpus
+    (:func:`tests.support.tiny_llama.train_byte_level_bpe`, the one trainer)."""
+    return train_byte_level_bpe(corpus_lines() * 4, vocab_size=vocab_size)
 
 
 def write_model_dir(out_dir: Path, *, vocab_size: int = 2048) -> Path:
