@@ -191,7 +191,8 @@ def remove_worktree(path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m checks.synth_diff",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git ref to compare against (default HEAD)")
     parser.add_argument("--env", action="append", default=[], dest="environments",
                         help="environment to synthesize (repeatable; default: all)")
