@@ -20,7 +20,7 @@ import pytest
 
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import REPO_ROOT, SettingsError, load_settings, parse_settings
-from tests.tools.artifact_fixtures import (
+from tests.support.artifacts import (
     write_adapters,
     write_intent_archive,
     write_model_dir,

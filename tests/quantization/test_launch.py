@@ -43,9 +43,9 @@ from quantization.candidate import write_manifest
 from quantization.gate import render_markdown, report_to_dict
 from quantization.scoring import EvalItem, TitleCatalog
 from tests.quantization.test_gate import gate, good_answer
+from tests.support.artifacts import write_adapters, write_model_dir
 from tests.support.aws import FAKE_CREDENTIALS
 from tests.support.network import free_port
-from tests.tools.artifact_fixtures import write_adapters, write_model_dir
 from tools.publish.__main__ import main as publish
 from tools.publish.upload import SHA256_METADATA
 

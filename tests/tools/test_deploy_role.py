@@ -41,8 +41,8 @@ from typing import Any
 import pytest
 
 from stacks.settings import REPO_ROOT, load_settings
+from tests.support.artifacts import write_adapters, write_intent_archive, write_model_dir
 from tests.support.network import free_port
-from tests.tools.artifact_fixtures import write_adapters, write_intent_archive, write_model_dir
 from tests.tools.aws_calls import (
     Call,
     Permission,

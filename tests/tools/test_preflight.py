@@ -34,13 +34,8 @@ from botocore.stub import Stubber
 
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import load_settings
-from tests.support.aws import fake_credentials
-from tests.tools.artifact_fixtures import (
-    aws_environment,
-    write_adapters,
-    write_intent_archive,
-    write_model_dir,
-)
+from tests.support.artifacts import write_adapters, write_intent_archive, write_model_dir
+from tests.support.aws import aws_environment, fake_credentials
 from tools.preflight.__main__ import main as preflight
 from tools.preflight.checks import bootstrap_requirement, quota_needs
 from tools.publish.__main__ import main as publish

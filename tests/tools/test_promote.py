@@ -29,14 +29,8 @@ from quantization import job_outputs
 from quantization.candidate import write_manifest
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, load_settings
-from tests.support.aws import fake_credentials
-from tests.tools.artifact_fixtures import (
-    AwsEnvironment,
-    aws_environment,
-    write_adapters,
-    write_intent_archive,
-    write_model_dir,
-)
+from tests.support.artifacts import write_adapters, write_intent_archive, write_model_dir
+from tests.support.aws import AwsEnvironment, aws_environment, fake_credentials
 from tests.tools.aws_calls import Permission, RecordingMotoServer, evaluate, unauthorized
 from tools.deploy_role import deploy_role_policy
 from tools.preflight.__main__ import check_artifacts

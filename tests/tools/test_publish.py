@@ -16,14 +16,13 @@ import pytest
 from artifact_manifest import artifact_files_from_json
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import REPO_ROOT, load_settings
-from tests.support.aws import fake_credentials
-from tests.tools.artifact_fixtures import (
+from tests.support.artifacts import (
     W4A16_CONFIG,
-    aws_environment,
     write_adapters,
     write_intent_archive,
     write_model_dir,
 )
+from tests.support.aws import aws_environment, fake_credentials
 from tools.publish.__main__ import main
 from tools.publish.upload import SHA256_METADATA
 

@@ -1,21 +1,19 @@
-"""Model artifacts as `make publish` receives them, small enough for tests, and a moto account.
+"""Model artifacts as `make publish` receives them, small enough for tests.
 
 * :func:`write_model_dir` — a W4A16 (compressed-tensors) checkpoint directory with the planned
   model's architecture (config/models/llama-3-8b-instruct.json), its tokenizer files and one
   safetensors file of a chosen size;
 * :func:`write_adapters` — one folder per configured adapter with adapter_config.json;
 * :func:`write_intent_archive` — a model.tar.gz laid out as neuron/compile.py writes it
-  (manifest.json for a target, labels, artifact-manifest.json);
-* :func:`aws_environment` — moto's account with the Dev environment's bucket (versioned), the
-  project KMS key and a ``Dev-Foundation`` stack whose outputs name them.
+  (manifest.json for a target, labels, artifact-manifest.json).
+
+moto's account they are published to is :func:`tests.support.aws.aws_environment`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from intents import INTENT_LABELS
 from neuron.manifest import ArtifactManifest
 from neuron.model_archive import build_model_tar, files_digest_map
 from neuron.targets import CompileTarget
-from stacks.settings import REPO_ROOT, EnvironmentSettings
+from stacks.settings import REPO_ROOT
 
 BASE_MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 W4A16_CONFIG = {
@@ -92,37 +90,3 @@ def write_intent_archive(out: Path, *, target: str = "inf1") -> Path:
         describe_files(artifact, list_artifact_files(artifact)).to_json())
     build_model_tar(artifact, out / "model.tar.gz")
     return out / "model.tar.gz"
-
-
-@dataclass(frozen=True)
-class AwsEnvironment:
-    session: Any
-    bucket: str
-    key_arn: str
-
-
-@contextmanager
-def aws_environment(settings: EnvironmentSettings, *, foundation: bool = True,
-                    bucket: bool = True) -> Iterator[AwsEnvironment]:
-    """moto's account (123456789012, the embedded configs' placeholder) with the Foundation
-    stack's bucket, key and outputs as `cdk deploy` of the Foundation stack leaves them."""
-    import boto3
-    from moto import mock_aws
-
-    with mock_aws():
-        session = boto3.Session(region_name=settings.region)
-        key_arn = session.client("kms").create_key(Description="project key")["KeyMetadata"][
-            "Arn"]
-        name = settings.artifact_bucket_name
-        if bucket:
-            s3 = session.client("s3")
-            s3.create_bucket(Bucket=name, CreateBucketConfiguration={
-                "LocationConstraint": settings.region})
-            s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-        if foundation:
-            template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
-                        "Outputs": {"ProjectKeyArn": {"Value": key_arn},
-                                    "ModelArtifactBucketName": {"Value": name}}}
-            session.client("cloudformation").create_stack(
-                StackName=settings.foundation_stack_name, TemplateBody=json.dumps(template))
-        yield AwsEnvironment(session=session, bucket=name, key_arn=key_arn)
