@@ -24,11 +24,11 @@ from tests.support.cpu_engine import (  # noqa: E402
     Served,
     ServerProcess,
     descendants,
-    free_port,
     gateway_command,
     gateway_env,
     vllm_server_command,
 )
+from tests.support.network import free_port  # noqa: E402
 from tests.support.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
 
 __all__ = ["REPO", "VLLM_PYTHON", "AdapterFixture", "EngineConfig", "Served", "ServerProcess",

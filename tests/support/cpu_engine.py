@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -136,13 +135,6 @@ def gateway_command(*, port: int, python: Path = VLLM_PYTHON) -> list[str]:
     """``serve --engine vllm`` under the real-engine environment."""
     return [str(python), str(SERVE), "--engine", "vllm", "--host", "127.0.0.1", "--port",
             str(port), "--log-level", "warning"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ServerProcess:

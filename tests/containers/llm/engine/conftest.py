@@ -21,11 +21,11 @@ from tests.support.cpu_engine import (
     EngineConfig,
     Served,
     ServerProcess,
-    free_port,
     gateway_command,
     gateway_env,
     vllm_server_command,
 )
+from tests.support.network import free_port
 from tests.support.tiny_llama import AdapterFixture, cached_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
