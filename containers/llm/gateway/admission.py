@@ -119,6 +119,15 @@ class AdmissionLedger:
         self.reserved_blocks = 0
         self.inflight: dict[LengthBucket, int] = dict.fromkeys(LengthBucket, 0)
 
+    @classmethod
+    def awaiting_engine(cls, block_size: int, *, watermark: float,
+                        bucket_caps: Mapping[str, int]) -> AdmissionLedger:
+        """A ledger before any engine reported its pool: a pool of no blocks, so nothing is
+        dispatched until :meth:`set_capacity` adopts the engine's real one (the service answers
+        503 before asking while the engine starts). Admission is never sized from a plan."""
+        return cls(KvCapacity(num_blocks=0, block_size=block_size), watermark=watermark,
+                   bucket_caps=bucket_caps)
+
     @property
     def limit_blocks(self) -> int:
         """The most one request is expected to hold at its end: watermark × the engine's pool
@@ -141,6 +150,8 @@ class AdmissionLedger:
         """Blocks the dispatched requests hold now as a share of the whole pool (the gauge line's
         ``kv_reserved_share``); briefly above 1 while their answers outgrow the pool and vLLM
         preempts."""
+        if not self.capacity.num_blocks:  # no engine has reported its pool yet
+            return 0.0
         return self.reserved_blocks / self.capacity.num_blocks
 
     def set_capacity(self, capacity: KvCapacity) -> None:

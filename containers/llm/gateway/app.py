@@ -38,8 +38,9 @@ from gateway.api_schema import (
     error_body,
 )
 from gateway.breaker import BreakerPolicy, CircuitBreaker
-from gateway.engine_events import EngineEvents
-from gateway.engines.base import InferenceEngine, KvCapacity, SupportsFaultInjection
+from gateway.chat_types import ApiError, ChatRun
+from gateway.engine_events import EngineEvents, breaker_transition_publisher
+from gateway.engines.base import InferenceEngine, SupportsFaultInjection
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 from gateway.http_edge import (
     CHAT_RESPONSES,
@@ -47,10 +48,10 @@ from gateway.http_edge import (
     BodyLimitMiddleware,
     validation_message,
 )
-from gateway.lifecycle import FatalCallback, GatewayLifecycle
-from gateway.responses import STREAM_HEADERS, completion, headers, sse
+from gateway.lifecycle import FatalCallback, GatewayLifecycle, ProcessFailure
+from gateway.responses import STREAM_HEADERS, completion, error_response, headers, sse
 from gateway.routing import AdapterRouter
-from gateway.service import ApiError, ChatRun, ChatService
+from gateway.service import ChatService
 from gateway.sessions import (
     CLOSED_SESSION_ID_HEADER,
     NEW_SESSION,
@@ -84,6 +85,7 @@ class GatewayRuntime:
         on_fatal: FatalCallback | None = None,
         watch_interval_s: float = 0.2,
     ) -> None:
+        # Built in dependency order: each part gets what it calls at construction.
         gateway = settings.gateway
         self.settings = settings
         self.tokenizer = tokenizer
@@ -92,25 +94,24 @@ class GatewayRuntime:
         self.started_at = int(time.time())
         self.crash_loop = CrashLoopDetector(deaths=gateway.crash_loop_deaths,
                                             window_s=gateway.crash_loop_window_s)
-        # Sized from the engine's real pool once it has started (EngineEvents.on_ready).
         self.admission = AdmissionController(
-            AdmissionLedger(KvCapacity(num_blocks=1, block_size=settings.engine.block_size),
-                            watermark=gateway.admission_watermark,
-                            bucket_caps=gateway.buckets.caps),
+            AdmissionLedger.awaiting_engine(settings.engine.block_size,
+                                            watermark=gateway.admission_watermark,
+                                            bucket_caps=gateway.buckets.caps),
             ttft_slo_s=gateway.ttft_slo_s, max_running=settings.engine.max_num_seqs,
             clock=clock,
         )
-        self.events = EngineEvents(settings, admission=self.admission, tokenizer=tokenizer,
-                                   crash_loop=self.crash_loop, telemetry=telemetry, clock=clock,
-                                   on_fatal=lambda reason: self.lifecycle.fatal(reason))
         self.breaker = CircuitBreaker(
             BreakerPolicy(open_s=gateway.breaker_open_s,
                           close_after_successes=gateway.breaker_close_after_successes,
                           half_open_max_inflight=gateway.breaker_half_open_max_inflight,
                           context_factor=gateway.breaker_context_factor),
-            on_transition=self.events.on_breaker_transition,
+            on_transition=breaker_transition_publisher(telemetry, self.admission),
         )
-        self.events.breaker = self.breaker
+        self.failure = ProcessFailure(telemetry, on_fatal)
+        self.events = EngineEvents(settings, admission=self.admission, breaker=self.breaker,
+                                   tokenizer=tokenizer, crash_loop=self.crash_loop,
+                                   telemetry=telemetry, clock=clock, on_fatal=self.failure.fatal)
         self.supervisor = EngineSupervisor(
             engine_factory,
             restart=RestartPolicy(max_attempts=gateway.engine_restart_max_attempts,
@@ -134,7 +135,7 @@ class GatewayRuntime:
             settings, supervisor=self.supervisor, breaker=self.breaker,
             crash_loop=self.crash_loop, admission=self.admission, tokenizer=tokenizer,
             events=self.events, telemetry=telemetry, clock=clock,
-            served_names=self.router.served_names(), on_fatal=on_fatal)
+            served_names=self.router.served_names(), failure=self.failure)
         self.app = build_app(self)
 
     # --- the routes' work ---
@@ -218,16 +219,9 @@ class GatewayRuntime:
     def error_response(self, record: RequestRecord, error: ApiError,
                        extra_headers: dict[str, str] | None = None) -> JSONResponse:
         """The OpenAI-style error for ``error``, logged as the request's one line."""
-        record.status = error.status
-        record.outcome = "rejected" if error.status in (429, 503) else "client_error"
-        record.error_code = error.code
-        record.error_param = error.param
-        record.error_message = error.message[:300]
+        response = error_response(record, error, extra_headers)
         self.telemetry.request(record)
-        return JSONResponse(error_body(error.message, type_=error.type_, param=error.param,
-                                       code=error.code),
-                            status_code=error.status,
-                            headers={**error.headers, **(extra_headers or {})})
+        return response
 
     def client_error(self, path: str, status: int, message: str, *, param: str | None = None,
                      code: str | None = None) -> JSONResponse:
@@ -260,7 +254,6 @@ class GatewayRuntime:
 
 def build_app(runtime: GatewayRuntime) -> FastAPI:
     """The FastAPI app: routes, error handlers, the body limit and the OpenAPI document."""
-    gateway = runtime.settings.gateway
     app = FastAPI(
         title="MangaAssist LLM gateway",
         version=__version__,
@@ -270,6 +263,17 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
             "front of the inference engine. Extension fields live in the `mangaassist` object."),
         lifespan=runtime.lifecycle.lifespan,
     )
+    _add_error_handlers(app, runtime)
+    _add_routes(app, runtime)
+    app.openapi = _openapi_document(app, runtime)  # type: ignore[method-assign]
+    _add_body_limit(app, runtime)
+    app.state.runtime = runtime
+    return app
+
+
+def _add_error_handlers(app: FastAPI, runtime: GatewayRuntime) -> None:
+    """Validation errors are 400 naming the field, unknown paths 404/405, anything unexpected a
+    500 that says the request was not processed: each one OpenAI-shaped and logged."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -293,6 +297,11 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
         return JSONResponse(error_body("internal error in the gateway; the request was not "
                                        "processed", type_="server_error", code="internal_error"),
                             status_code=500)
+
+
+def _add_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
+    """SageMaker's /ping and /invocations, OpenAI's chat completions and model list, and in
+    test mode the OOM injection."""
 
     @app.get("/ping", response_model=PingResponse, tags=["health"],
              responses={503: {"model": PingResponse,
@@ -321,10 +330,15 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
         """The base model and the served LoRA adapters."""
         return runtime.model_list()
 
-    if gateway.test_mode:
+    if runtime.settings.gateway.test_mode:
         @app.post("/admin/engine/oom", include_in_schema=False)
         async def inject_oom() -> JSONResponse:
             return runtime.inject_oom()
+
+
+def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dict[str, Any]]:
+    """``app.openapi``: FastAPI's document without the 422s (we answer 400) and with the served
+    model names, built once."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -344,7 +358,11 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    return openapi
+
+
+def _add_body_limit(app: FastAPI, runtime: GatewayRuntime) -> None:
+    """Bodies over GATEWAY_MAX_BODY_BYTES are 413 before they are read (logged as the request)."""
 
     def on_reject(scope: Scope, status: int, message: str) -> None:
         code = "request_too_large" if status == 413 else "invalid_content_length"
@@ -354,10 +372,8 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
                                error_message=message[:300])
         runtime.telemetry.request(record)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=gateway.max_body_bytes,
+    app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.gateway.max_body_bytes,
                        on_reject=on_reject)
-    app.state.runtime = runtime
-    return app
 
 
 def create_app(

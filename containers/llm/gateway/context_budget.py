@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from context_window import StepPolicy, kept_history_start
-from gateway.settings import ContextSplit
+from serving_contract.environment import ContextSplit
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
@@ -226,18 +226,12 @@ def plan_context(
     rag_kept, rag_used = _fit_rag(rag_chunk_tokens, rag_overhead_tokens, rag_room)
     remaining -= rag_used
 
-    # The window's high-water mark is what every turn of this conversation has for history and
-    # question: the history share, within the prompt budget beside the instructions, a full
-    # RAG share and the marker. Not what this turn's retrieval happened to leave, which changes
-    # from turn to turn and would move the window's start on every turn.
     history_share = math.floor(split.history * max_model_len * context_factor)
+    # The window's high-water mark: see _kept_history.
     high_water = min(history_share,
                      prompt_budget - instruction_tokens - rag_share - marker_reserve)
-    first = kept_history_start([m.tokens for m in history], current.tokens,
-                               StepPolicy(max(0, high_water), step_turns),
-                               room_tokens=remaining, marker_tokens=marker_reserve)
-    kept_history = history[first:]
-    history_room = min(history_share, remaining)
+    kept_history = _kept_history(history, current, high_water=high_water, step_turns=step_turns,
+                                 room_tokens=remaining, marker_reserve=marker_reserve)
     kept_set = {m.position for m in kept_history}
     dropped = tuple(m.position for m in history if m.position not in kept_set)
     kept = sorted([*(m.position for m in instructions), *kept_set, current.position])
@@ -247,7 +241,7 @@ def plan_context(
         rag_chunks_kept=rag_kept,
         rag_chunks_dropped=len(rag_chunk_tokens) - rag_kept,
         prompt_budget_tokens=prompt_budget,
-        history_budget_tokens=history_room,
+        history_budget_tokens=min(history_share, remaining),
         rag_budget_tokens=max(0, rag_room),
         max_output_tokens=max_output_tokens,
         instruction_tokens=instruction_tokens,
@@ -257,13 +251,36 @@ def plan_context(
         marker_tokens=marker_tokens(len(dropped)) if dropped else 0,
         fixed_overhead_tokens=fixed_overhead_tokens,
     )
+    _check_marker_fits(plan, current, max_model_len=max_model_len,
+                       max_output_tokens=max_output_tokens, reserve_tokens=reserve_tokens)
+    return plan
+
+
+def _kept_history(history: Sequence[BudgetMessage], current: BudgetMessage, *,
+                  high_water: int, step_turns: int, room_tokens: int,
+                  marker_reserve: int) -> Sequence[BudgetMessage]:
+    """The newest history the window keeps.
+
+    The window's high-water mark is what every turn of this conversation has for history and
+    question: the history share, within the prompt budget beside the instructions, a full RAG
+    share and the marker. Not what this turn's retrieval happened to leave, which changes from
+    turn to turn and would move the window's start on every turn.
+    """
+    first = kept_history_start([m.tokens for m in history], current.tokens,
+                               StepPolicy(max(0, high_water), step_turns),
+                               room_tokens=room_tokens, marker_tokens=marker_reserve)
+    return history[first:]
+
+
+def _check_marker_fits(plan: ContextPlan, current: BudgetMessage, *, max_model_len: int,
+                       max_output_tokens: int, reserve_tokens: int) -> None:
+    """CurrentMessageTooLong when the plan's prompt does not fit: only possible when the
+    truncation marker itself does not fit beside the current message."""
     if plan.estimated_prompt_tokens + reserve_tokens > max_model_len - max_output_tokens:
-        # Only possible when the marker itself does not fit beside the current message.
         raise CurrentMessageTooLong(
             f"the current message ({current.tokens} tokens) leaves no room for the truncation "
-            f"marker of the {len(dropped)} earlier turns it would drop "
+            f"marker of the {len(plan.dropped_indices)} earlier turns it would drop "
             f"(max_model_len={max_model_len}, max_tokens={max_output_tokens}); shorten it or "
             "lower max_tokens",
             param=f"messages[{current.position}].content",
         )
-    return plan

@@ -1,8 +1,9 @@
 """What the gateway does when an engine becomes ready, when one dies, and when the breaker moves.
 
 The supervisor (:mod:`gateway.supervisor`) owns the engine slot and calls these when the state
-changes; the circuit breaker calls :meth:`EngineEvents.on_breaker_transition`. Each event is
-logged once and, where it is one, emitted as its metric (names from ``metrics_contract``):
+changes; the circuit breaker, built before them, reports its transitions to the callback
+:func:`breaker_transition_publisher` makes. Each event is logged once and, where it is one,
+emitted as its metric (names from ``metrics_contract``):
 
 * **ready** — admission is sized from the engine's real KV pool (never the plan's), the pool is
   compared with the GPU budget's prediction, the prompt rendering is checked against the engine
@@ -45,6 +46,7 @@ class EngineEvents:
         settings: Settings,
         *,
         admission: AdmissionController,
+        breaker: CircuitBreaker,
         tokenizer: ChatTokenizer,
         crash_loop: CrashLoopDetector,
         telemetry: Telemetry,
@@ -53,13 +55,12 @@ class EngineEvents:
     ) -> None:
         self.settings = settings
         self.admission = admission
+        self.breaker = breaker
         self.tokenizer = tokenizer
         self.crash_loop = crash_loop
         self.telemetry = telemetry
         self.clock = clock
         self.on_fatal = on_fatal
-        self.breaker: CircuitBreaker | None = None
-        """Set once the breaker exists (it reports its own transitions here)."""
         initial = (PromptRendering.ASSEMBLED if tokenizer.segmented
                    else PromptRendering.WHOLE_TEXT)
         self.rendering: dict[str, Any] = {
@@ -137,19 +138,25 @@ class EngineEvents:
                     f"{check.detail}",
         )
 
-    # --- engine death, breaker ---
+    # --- engine death ---
     def on_death(self, generation: int, error: EngineDead) -> None:
         """Trip the breaker and count the trip (once per engine death)."""
         cause = "out_of_memory" if isinstance(error, EngineOutOfMemory) else "engine_dead"
-        if self.breaker is not None:
-            self.breaker.record_trip(self.clock(), why=f"{cause}: {error}")
+        self.breaker.record_trip(self.clock(), why=f"{cause}: {error}")
         self.telemetry.emit({mc.OOM_CIRCUIT_TRIPS: 1}, event="engine_death", level="error",
                             cause=cause, engine_generation=generation, error=str(error)[:500],
                             deaths_in_window=self.crash_loop.deaths_in_window(self.clock()))
         self.admission.notify()
 
-    def on_breaker_transition(self, old: BreakerState, new: BreakerState, why: str) -> None:
-        """Publish the breaker's new state; admission re-checks (the probe limit may change)."""
-        self.telemetry.emit({mc.BREAKER_STATE: new.metric_value}, event="breaker_transition",
-                            from_state=old.value, to_state=new.value, why=why[:300])
-        self.admission.notify()
+
+def breaker_transition_publisher(telemetry: Telemetry, admission: AdmissionController
+                                 ) -> Callable[[BreakerState, BreakerState, str], None]:
+    """The breaker's ``on_transition``: publish its new state; admission re-checks its waiters
+    (the probe limit may change)."""
+
+    def on_transition(old: BreakerState, new: BreakerState, why: str) -> None:
+        telemetry.emit({mc.BREAKER_STATE: new.metric_value}, event="breaker_transition",
+                       from_state=old.value, to_state=new.value, why=why[:300])
+        admission.notify()
+
+    return on_transition

@@ -41,6 +41,26 @@ FatalCallback = Callable[[str, bool], None]
 """Told once when the process should stop: the reason, and whether the settings caused it."""
 
 
+class ProcessFailure:
+    """Why the gateway cannot serve, once known: /ping turns red and the process is told.
+
+    Built before the parts that can find a fatal condition (the engine events' KV check, the
+    lifecycle's start and warmup), which are each handed :meth:`fatal`.
+    """
+
+    def __init__(self, telemetry: Telemetry, on_fatal: FatalCallback | None = None) -> None:
+        self.telemetry = telemetry
+        self.on_fatal = on_fatal
+        self.reason: str | None = None
+
+    def fatal(self, reason: str, *, config_error: bool = False) -> None:
+        """Record why the gateway cannot serve (/ping turns red) and tell the process."""
+        self.reason = reason
+        self.telemetry.log("fatal", level="error", reason=reason, config_error=config_error)
+        if self.on_fatal is not None:
+            self.on_fatal(reason, config_error)
+
+
 class GatewayLifecycle:
     """Engine start and warmup, gauges, /ping and shutdown (see the module docstring)."""
 
@@ -57,7 +77,7 @@ class GatewayLifecycle:
         telemetry: Telemetry,
         clock: Callable[[], float],
         served_names: Sequence[str],
-        on_fatal: FatalCallback | None = None,
+        failure: ProcessFailure,
     ) -> None:
         self.settings = settings
         self.supervisor = supervisor
@@ -69,22 +89,23 @@ class GatewayLifecycle:
         self.telemetry = telemetry
         self.clock = clock
         self.served_names = list(served_names)
-        self.on_fatal = on_fatal
+        self.failure = failure
         self.warmup_token = secrets.token_hex(16)
         """Marks the process's own warmup requests (logged, not counted in metrics)."""
         self.warmed_up = False
         self.warmup_progress = "not started"
         self.draining = False
-        self.failure_reason: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_preemptions: tuple[int, int] = (-1, 0)
 
+    @property
+    def failure_reason(self) -> str | None:
+        """Why the gateway cannot serve, if it cannot (:class:`ProcessFailure`)."""
+        return self.failure.reason
+
     def fatal(self, reason: str, *, config_error: bool = False) -> None:
         """Record why the gateway cannot serve (/ping turns red) and tell the process."""
-        self.failure_reason = reason
-        self.telemetry.log("fatal", level="error", reason=reason, config_error=config_error)
-        if self.on_fatal is not None:
-            self.on_fatal(reason, config_error)
+        self.failure.fatal(reason, config_error=config_error)
 
     # --- lifespan ---
     def _spawn(self, coroutine: Awaitable[None], name: str) -> None:

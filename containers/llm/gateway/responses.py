@@ -1,9 +1,11 @@
 """OpenAI-shaped answers, built from the typed models of :mod:`gateway.api_schema`.
 
-One place turns a finished :class:`~gateway.service.ChatRun` into a ``chat.completion``, or its
-events into ``chat.completion.chunk`` Server-Sent Events, so the HTTP routes only choose between
-the two. Token usage is computed once (:func:`usage`): the prompt counts only when it reached the
-engine (a refusal or a fallback before generation bills no prompt tokens).
+One place turns a finished :class:`~gateway.chat_types.ChatRun` into a ``chat.completion``, or
+its events into ``chat.completion.chunk`` Server-Sent Events, so the HTTP routes only choose
+between the two; and one place turns an :class:`~gateway.chat_types.ApiError` into the error
+document (:func:`error_document`: an HTTP response, or an event of a stream already started).
+Token usage is computed once (:func:`usage`): the prompt counts only when it reached the engine
+(a refusal or a fallback before generation bills no prompt tokens).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
+
+from fastapi.responses import JSONResponse
 
 from gateway.api_schema import (
     AssistantMessage,
@@ -30,8 +34,8 @@ from gateway.api_schema import (
     Usage,
     error_body,
 )
+from gateway.chat_types import Answer, ApiError, ChatRun, FinishEvent, PreparedChat
 from gateway.engines import base as engine
-from gateway.service import Answer, ApiError, ChatRun, FinishEvent, PreparedChat
 from gateway.telemetry import RequestRecord
 
 RequestDone = Callable[[RequestRecord], None]
@@ -56,6 +60,28 @@ def usage(record: RequestRecord) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=record.completion_tokens,
                  total_tokens=prompt + record.completion_tokens,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def record_error(record: RequestRecord, error: ApiError) -> None:
+    """The request's log fields for an answer that is ``error``."""
+    record.status = error.status
+    record.outcome = "rejected" if error.status in (429, 503) else "client_error"
+    record.error_code = error.code
+    record.error_param = error.param
+    record.error_message = error.message[:300]
+
+
+def error_document(error: ApiError) -> dict[str, Any]:
+    """OpenAI's error object for ``error``: the one conversion of an ApiError."""
+    return error_body(error.message, type_=error.type_, param=error.param, code=error.code)
+
+
+def error_response(record: RequestRecord, error: ApiError,
+                   extra_headers: dict[str, str] | None = None) -> JSONResponse:
+    """The HTTP answer for ``error`` (its status and headers), recorded in ``record``."""
+    record_error(record, error)
+    return JSONResponse(error_document(error), status_code=error.status,
+                        headers={**error.headers, **(extra_headers or {})})
 
 
 def final_extension(prepared: PreparedChat, finish: FinishEvent) -> ResponseExtension:
@@ -175,12 +201,8 @@ async def sse(run: ChatRun, *, on_done: RequestDone) -> AsyncIterator[bytes]:
         yield SSE_DONE
         completed = True
     except ApiError as error:  # the engine refused the request after the stream started
-        record.status = error.status
-        record.outcome = "client_error"
-        record.error_code = error.code
-        record.error_message = error.message[:300]
-        body = error_body(error.message, type_=error.type_, param=error.param, code=error.code)
-        yield b"data: " + json_bytes(body) + b"\n\n"
+        record_error(record, error)
+        yield b"data: " + json_bytes(error_document(error)) + b"\n\n"
         yield SSE_DONE
         completed = True
     finally:

@@ -22,9 +22,9 @@ from gateway.admission import (
     classify_bucket,
     retry_after_header,
 )
+from gateway.chat_types import ApiError, FinishEvent, TextEvent
 from gateway.engines.base import KvCapacity
 from gateway.forecast import StepPrior
-from gateway.service import ApiError, FinishEvent, TextEvent
 from request_buckets import bucket_bounds
 from tests.containers.llm.harness import chat_request, new_record
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from gateway.app import GatewayRuntime
+from gateway.chat_types import ApiError, PreparedChat
 from gateway.engines.vllm import token_ids_of
-from gateway.service import ApiError, PreparedChat
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA

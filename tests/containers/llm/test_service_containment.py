@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.app import GatewayRuntime
+from gateway.chat_types import ApiError, FinishEvent, TextEvent
 from gateway.engines.base import (
     AdapterRef,
     EngineDead,
@@ -22,7 +23,6 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
 )
-from gateway.service import ApiError, FinishEvent, TextEvent
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from tests.containers.llm.harness import chat_request, make_settings, new_record

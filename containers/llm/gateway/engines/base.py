@@ -2,7 +2,8 @@
 
 Two engines implement it: the vLLM ``AsyncLLM`` adapter (:mod:`gateway.engines.vllm`, the one the
 image ships) and, on the test side, a simulated PagedAttention engine (tests/support/sim_engine.py,
-for tests, benchmarks and ``make local``). The interface mirrors what that adapter offers (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
+for tests, benchmarks and ``make local``). The interface mirrors what the vLLM adapter offers
+(docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
 
 * ``start()`` builds the engine; ``kv_capacity()`` then reports the KV pool it really got
   (vLLM: ``cache_config.num_gpu_blocks`` × ``block_size``), which admission is sized from.
