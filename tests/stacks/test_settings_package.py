@@ -11,12 +11,15 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+import yaml
 
 import stacks.settings
 from stacks.settings import (
     IntentEndpointSettings,
     LlmEndpointSettings,
+    SettingsError,
     load_environment,
+    parse_settings,
     plans,
 )
 from stacks.stage import MangaAssistStage
@@ -138,3 +141,32 @@ def test_the_stacks_build_from_the_plans_made_at_load(monkeypatch: pytest.Monkey
                              plans=environment.plans)
     assert stage.plans is environment.plans
     assert stage.serving.llm.endpoint.capacity is environment.plans.llm_capacity
+
+
+def _dev_with(**changes: dict[str, object]) -> dict[str, object]:
+    data = yaml.safe_load((REPO_ROOT / "config" / "dev.yaml").read_text(encoding="utf-8"))
+    for section, values in changes.items():
+        data[section] = {**data[section], **values}
+    return data
+
+
+def test_a_refusal_is_reported_in_field_order_beside_the_other_errors() -> None:
+    """A planner's refusal reads as that section's error did when a validator planned: in the
+    settings' field order among the other errors, and with no environment-wide check (those
+    run only once every section is valid)."""
+    too_large = {"model": {**_dev_with()["llm"]["model"],  # type: ignore[index]
+                           "config": "config/models/llama-3-70b-instruct.json"}}
+    data = _dev_with(llm=too_large, smoke={"max_tokens": 0})
+    data["region"] = "tokyo"
+    lines = _error_lines(data)
+    assert [line.split(": ")[1] for line in lines] == ["region", "llm", "smoke.max_tokens"]
+    assert lines[1].startswith("config/dev.yaml: llm: the GPU memory budget refuses this "
+                               "configuration: ")
+    overlapping = _dev_with(llm=too_large, quantization={"base_model_root": "models"})
+    assert [line.split(": ")[1] for line in _error_lines(overlapping)] == ["llm"]
+
+
+def _error_lines(data: dict[str, object]) -> list[str]:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(data, source="config/dev.yaml")
+    return str(info.value).splitlines()
