@@ -6,8 +6,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from capacity_model import LlmCapacity
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -47,6 +51,14 @@ def read_assembly(outdir: Path) -> SynthesizedApp:
 
     walk(outdir)
     return SynthesizedApp(outdir=outdir, templates=templates, template_paths=paths)
+
+
+@pytest.fixture(scope="module")
+def prod_capacity() -> LlmCapacity:
+    """Production's capacity plan as config/prod.yaml configures it."""
+    from stacks.settings import load_settings
+
+    return load_settings("prod").llm.capacity_plan()
 
 
 @pytest.fixture(scope="session")

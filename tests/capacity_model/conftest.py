@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from capacity_model import LlmCapacity
-from stacks.settings import load_settings
 
 
 @pytest.fixture(scope="module")
-def prod() -> LlmCapacity:
-    """Production's capacity plan as config/prod.yaml configures it."""
-    return load_settings("prod").llm.capacity_plan()
+def prod(prod_capacity: LlmCapacity) -> LlmCapacity:
+    """Production's capacity plan (tests/conftest.py's ``prod_capacity``), as these tests name it."""
+    return prod_capacity

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from capacity_model import LlmCapacity
-from stacks.settings import load_settings
 from tools.scaling_sim.__main__ import main, simulation_params
 from tools.scaling_sim.spike import (
     RECOMMENDED,
@@ -27,29 +26,24 @@ from tools.scaling_sim.traces import TRACE_DIR, load_trace
 
 
 @pytest.fixture(scope="module")
-def capacity() -> LlmCapacity:
-    return load_settings("prod").llm.capacity_plan()
-
-
-@pytest.fixture(scope="module")
 def setup(synthesized) -> ScalingSetup:  # type: ignore[no-untyped-def]
     return scaling_setup(synthesized.template("Prod/Serving"), calendar_target="llm")
 
 
 @pytest.fixture(scope="module")
-def outcomes(setup: ScalingSetup, capacity: LlmCapacity) -> dict[str, SpikeOutcome]:
+def outcomes(setup: ScalingSetup, prod_capacity: LlmCapacity) -> dict[str, SpikeOutcome]:
     params = simulation_params(setup, delay_min=5, capacity_override=None, instance_type=None,
                                usd_override=None)
-    recommended = capacity.fleet_for(one_piece_surge(3.0), provisioning_s=300)
+    recommended = prod_capacity.fleet_for(one_piece_surge(3.0), provisioning_s=300)
     found = spike_outcomes(load_trace(TRACE_DIR / "one-piece.csv"), setup, params,
-                           current=capacity.fleet, recommended=recommended)
+                           current=prod_capacity.fleet, recommended=recommended)
     return {o.label.removesuffix(" (as synthesized)"): o for o in found}
 
 
 def test_recommended_fleet_replaces_every_capacity_number(setup: ScalingSetup,
-                                                          capacity: LlmCapacity) -> None:
-    recommended = capacity.fleet_for(one_piece_surge(3.0), provisioning_s=300)
-    assert recommended.headroom > capacity.fleet.headroom
+                                                          prod_capacity: LlmCapacity) -> None:
+    recommended = prod_capacity.fleet_for(one_piece_surge(3.0), provisioning_s=300)
+    assert recommended.headroom > prod_capacity.fleet.headroom
     rewritten = with_fleet(setup, recommended)
     targets = {p.metric: p.target_value for p in rewritten.target_tracking}
     assert targets[CONCURRENCY_HIGH_RESOLUTION] == recommended.target_concurrent_requests_per_model
