@@ -246,7 +246,7 @@ class ServingStack(cdk.Stack):
         )
 
     def _outputs(self, resource_prefix: str, llm_model_prefix: str) -> None:
-        """The dashboard's name and what `python -m quantization.launch` reads
+        """The dashboard's name and what `python -m tools.quantize` reads
         (quantization/job_outputs.py names them)."""
         cdk.CfnOutput(self, "DashboardName", value=f"{resource_prefix}-inference")
         cdk.CfnOutput(self, job_outputs.JOB_ROLE_ARN,
