@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from context_window import StepPolicy, kept_history_start
 from request_buckets import BUCKET_NAMES, BucketBounds, RequestBucket
+from serving_contract.environment import ContextSplit, format_context_split
 
 SHARE_TOLERANCE = 1e-6
 
@@ -209,9 +210,9 @@ class ContextWindow:
         return int(self.output * max_model_len)
 
     def as_env(self) -> str:
-        """The gateway's ``GATEWAY_CONTEXT_SPLIT`` value."""
-        return (f"system={self.system:g},rag={self.rag:g},history={self.history:g},"
-                f"output={self.output:g}")
+        """The gateway's ``GATEWAY_CONTEXT_SPLIT`` value (the contract's one format)."""
+        return format_context_split(ContextSplit(self.system, self.rag, self.history,
+                                                 self.output))
 
 
 @dataclass(frozen=True)

@@ -119,13 +119,34 @@ def format_bucket_caps(caps: Mapping[str, int]) -> str:
     return ",".join(f"{name}={caps[name]}" for name in BUCKET_NAMES if name in caps)
 
 
+SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
+"""SageMaker's InvokeEndpoint limit: a request's deadline stays below it."""
+SAGEMAKER_SIGKILL_AFTER_S = 30.0
+"""SageMaker kills a container this long after SIGTERM: the drain stays below it."""
+MAX_N_SCHEMA = 16
+"""The request schema's bound on ``n``; ``GATEWAY_MAX_N`` sets the served one (at most this)."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The accepted range of a numeric setting: from ``low`` to ``high`` (None: no upper bound),
+    each end closed unless marked open. Integer settings carry integer bounds."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+
 @dataclass(frozen=True)
 class SettingSpec:
-    """One environment variable: its name, default (None: optional, unset) and meaning."""
+    """One environment variable: its name, default (None: optional, unset), meaning and, for a
+    number, its accepted range (the gateway's loader checks it and names it in its errors)."""
 
     env: str
     default: str | None
     help: str
+    bounds: Bounds | None = None
 
 
 GATEWAY_SETTINGS: tuple[SettingSpec, ...] = (
@@ -160,71 +181,100 @@ GATEWAY_SETTINGS: tuple[SettingSpec, ...] = (
                 "step so that this many more turns of the conversation's average size fit "
                 "before the next step: between steps every prompt extends the previous one and "
                 "the engine's prefix cache serves it (docs/design-decisions.md"
-                "#prefix-stable-window)."),
+                "#prefix-stable-window).",
+                bounds=Bounds(1, 1000)),
     SettingSpec(GATEWAY_TOKEN_CACHE_MAX_TOKENS, "2000000",
-                "Bound of the per-message token cache, in cached tokens (LRU)."),
-    SettingSpec(GATEWAY_MAX_MESSAGES, "512", "Most messages one request may carry."),
+                "Bound of the per-message token cache, in cached tokens (LRU).",
+                bounds=Bounds(0)),
+    SettingSpec(GATEWAY_MAX_MESSAGES, "512", "Most messages one request may carry.",
+                bounds=Bounds(1, 100_000)),
     SettingSpec(GATEWAY_MAX_N, "4",
                 "Most choices (`n`) one request may ask for; each is one of the engine's "
-                "running sequences and holds its own answer's KV."),
-    SettingSpec(GATEWAY_MAX_BODY_BYTES, "1048576", "Largest request body accepted (413 above)."),
+                "running sequences and holds its own answer's KV.",
+                bounds=Bounds(1, MAX_N_SCHEMA)),
+    SettingSpec(GATEWAY_MAX_BODY_BYTES, "1048576", "Largest request body accepted (413 above).",
+                bounds=Bounds(1024)),
     # --- admission --------------------------------------------------------------------------------
     SettingSpec(GATEWAY_ADMISSION_WATERMARK, "0.9",
                 "The most of the engine's KV blocks one request may be expected to hold at its "
                 "end (prompt + expected answers), (0, 1]; more never fits. Dispatch itself "
-                "follows vLLM's rule on the whole pool."),
+                "follows vLLM's rule on the whole pool.",
+                bounds=Bounds(0.0, 1.0, low_open=True)),
     SettingSpec(GATEWAY_TTFT_SLO_S, "2.0",
                 "The time-to-first-token SLO admission serves within: a request whose forecast "
                 "first token would come later is refused at once with 429 and a Retry-After "
-                "(docs/design-decisions.md#ttft-admission)."),
+                "(docs/design-decisions.md#ttft-admission).",
+                bounds=Bounds(0.05, 59.0)),
     SettingSpec(GATEWAY_ADMISSION_WAIT_S, "10",
                 "Safety net: an admitted request still queued after this long (its forecast was "
-                "wrong) gets 429 instead of waiting on."),
-    SettingSpec(GATEWAY_RETRY_AFTER_S, "2", "Retry-After (seconds) on 429/503 answers."),
+                "wrong) gets 429 instead of waiting on.",
+                bounds=Bounds(0.0, 59.0)),
+    SettingSpec(GATEWAY_RETRY_AFTER_S, "2", "Retry-After (seconds) on 429/503 answers.",
+                bounds=Bounds(1, 3600)),
     SettingSpec(GATEWAY_BUCKET_CAPS, format_bucket_caps(DEFAULT_BUCKET_CAPS),
                 "Concurrent requests allowed per bucket; the buckets (prompt + max output "
                 "tokens) are S <= 1/8, M <= 1/4, L <= 1/2 of ENGINE_MAX_MODEL_LEN, XL above."),
     SettingSpec(GATEWAY_SESSION_TTL_S, "1200",
                 "Lifetime of a SageMaker stateful session this instance opens (its Expires), "
                 "from its creation; a conversation that lasts longer opens another "
-                "(docs/design-decisions.md#session-affinity)."),
+                "(docs/design-decisions.md#session-affinity).",
+                bounds=Bounds(60.0, 86400.0)),
     SettingSpec(GATEWAY_SESSION_MAX, "100000",
-                "Most open sessions one instance remembers (the oldest is forgotten first)."),
+                "Most open sessions one instance remembers (the oldest is forgotten first).",
+                bounds=Bounds(1, 10_000_000)),
     SettingSpec(GATEWAY_REQUEST_DEADLINE_S, "50",
-                "Whole-request deadline; must stay below SageMaker's 60 s invoke limit."),
+                "Whole-request deadline; must stay below SageMaker's 60 s invoke limit.",
+                bounds=Bounds(1.0, SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True)),
     # --- circuit breaker and recovery ------------------------------------------------------------
-    SettingSpec(GATEWAY_BREAKER_OPEN_S, "30", "How long the breaker stays open after a trip."),
+    SettingSpec(GATEWAY_BREAKER_OPEN_S, "30", "How long the breaker stays open after a trip.",
+                bounds=Bounds(0.0, 3600.0)),
     SettingSpec(GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES, "20",
-                "Successful requests in half-open that close the breaker."),
+                "Successful requests in half-open that close the breaker.",
+                bounds=Bounds(1)),
     SettingSpec(GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT, "4",
-                "Concurrent requests allowed while half-open (the probes)."),
+                "Concurrent requests allowed while half-open (the probes).",
+                bounds=Bounds(1)),
     SettingSpec(GATEWAY_BREAKER_CONTEXT_FACTOR, "0.5",
-                "Multiplier of the history and RAG budgets while the breaker is not closed."),
+                "Multiplier of the history and RAG budgets while the breaker is not closed.",
+                bounds=Bounds(0.0, 1.0, low_open=True)),
     SettingSpec(GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS, "5",
-                "Attempts to rebuild a dead engine before giving up (/ping turns red)."),
+                "Attempts to rebuild a dead engine before giving up (/ping turns red).",
+                bounds=Bounds(1)),
     SettingSpec(GATEWAY_ENGINE_RESTART_BACKOFF_S, "1.0",
-                "Wait before rebuild attempt n is BACKOFF_S x 2^(n-1)."),
-    SettingSpec(GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S, "30", "Longest wait between attempts."),
+                "Wait before rebuild attempt n is BACKOFF_S x 2^(n-1).",
+                bounds=Bounds(0.0, 600.0)),
+    SettingSpec(GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S, "30", "Longest wait between attempts.",
+                bounds=Bounds(0.0, 3600.0)),
     SettingSpec(GATEWAY_CRASH_LOOP_DEATHS, "3",
-                "Engine deaths within the window that make a crash loop (/ping red)."),
-    SettingSpec(GATEWAY_CRASH_LOOP_WINDOW_S, "600", "Crash-loop window."),
+                "Engine deaths within the window that make a crash loop (/ping red).",
+                bounds=Bounds(1)),
+    SettingSpec(GATEWAY_CRASH_LOOP_WINDOW_S, "600", "Crash-loop window.",
+                bounds=Bounds(0.0, 86400.0, low_open=True)),
     SettingSpec(GATEWAY_RECOVERY_GRACE_S, "120",
-                "/ping stays 200 this long while a dead engine is being rebuilt."),
+                "/ping stays 200 this long while a dead engine is being rebuilt.",
+                bounds=Bounds(0.0, 3600.0, low_open=True)),
     SettingSpec(GATEWAY_EXPECTED_KV_TOKENS, None,
                 "KV pool the GPU budget planned; the engine's real pool is compared with it at "
-                "start (a warning beyond 10 %); admission always uses the engine's figure."),
+                "start (a warning beyond 10 %); admission always uses the engine's figure.",
+                bounds=Bounds(1)),
     SettingSpec(GATEWAY_WARMUP_TIMEOUT_S, "600",
                 "Warmup must succeed within this long after the engine is ready, else /ping "
-                "turns red (failed) and SageMaker replaces the instance."),
+                "turns red (failed) and SageMaker replaces the instance.",
+                bounds=Bounds(1.0, 3600.0)),
     SettingSpec(GATEWAY_DRAIN_TIMEOUT_S, "25",
-                "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s)."),
+                "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s).",
+                bounds=Bounds(0.0, SAGEMAKER_SIGKILL_AFTER_S, high_open=True)),
     # --- metrics and test mode -------------------------------------------------------------------
     SettingSpec(GATEWAY_METRICS_ENDPOINT_NAME, "local", "EMF dimension EndpointName."),
     SettingSpec(GATEWAY_METRICS_VARIANT_NAME, "AllTraffic", "EMF dimension VariantName."),
     SettingSpec(GATEWAY_METRICS_INTERVAL_S, "10",
-                "Period of the KV-usage / queue / breaker-state gauge line."),
+                "Period of the KV-usage / queue / breaker-state gauge line.",
+                bounds=Bounds(0.1, 3600.0)),
     SettingSpec(GATEWAY_TEST_MODE, "false",
                 "true enables /admin/* (OOM injection). Never set in production."),
 )
 """Every ``GATEWAY_*`` variable, once (the engine's ``ENGINE_*`` rows follow from the GPU
 budget's table; the gateway appends them)."""
+
+GATEWAY_SETTING: Mapping[str, SettingSpec] = {spec.env: spec for spec in GATEWAY_SETTINGS}
+"""A ``GATEWAY_*`` variable's spec by name (its default and bounds)."""

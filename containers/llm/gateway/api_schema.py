@@ -35,9 +35,7 @@ from gateway.openai_fields import SAMPLING_FIELDS, refusal
 from intents import INTENT_LABELS, require_intent
 from request_buckets import BucketName
 from serving_contract import LOCALE_PATTERN
-
-MAX_N_SCHEMA = 16
-"""The schema's bound on ``n``; GATEWAY_MAX_N sets the served one (at most this)."""
+from serving_contract.environment import MAX_N_SCHEMA
 
 
 def _valid_unicode(value: str) -> str:

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gateway.api_schema import MAX_N_SCHEMA
 from gpu_budget.engine_args import ENGINE_ARG, ENGINE_ARGS, EngineArg, EngineArgError
 from intents import INTENT_LABELS
 from request_buckets import BUCKET_NAMES, BucketBounds, bucket_bounds
@@ -86,12 +85,10 @@ from serving_contract.environment import (
     GATEWAY_TTFT_SLO_S,
     GATEWAY_WARMUP_TIMEOUT_S,
     RETIRED_SETTINGS,
+    Bounds,
     ContextSplit,
     SettingSpec,
 )
-
-SAGEMAKER_INVOKE_TIMEOUT_S = 60.0
-SAGEMAKER_SIGKILL_AFTER_S = 30.0
 
 
 class SettingsError(ValueError):
@@ -204,6 +201,14 @@ class Settings:
         return tuple(adapter.name for adapter in self.gateway.adapters)
 
 
+def _bounds(env: str) -> Bounds:
+    """The accepted range of a numeric setting, from its spec (serving_contract.environment)."""
+    bounds = _KNOWN[env].bounds
+    if bounds is None:
+        raise ValueError(f"{env} has no bounds in its SettingSpec")
+    return bounds
+
+
 class _Reader:
     """Reads typed values from the environment, collecting every problem instead of stopping."""
 
@@ -224,7 +229,9 @@ class _Reader:
     def text(self, env: str) -> str:
         return self.raw(env) or ""
 
-    def optional_int(self, env: str, *, minimum: int) -> int | None:
+    def optional_int(self, env: str) -> int | None:
+        """An integer at least its spec's lower bound, or None when unset."""
+        minimum = int(_bounds(env).low)
         value = self.raw(env)
         if value is None:
             return None
@@ -238,7 +245,11 @@ class _Reader:
             return None
         return number
 
-    def integer(self, env: str, *, minimum: int, maximum: int | None = None) -> int:
+    def integer(self, env: str) -> int:
+        """An integer within its spec's bounds; on a problem, the default."""
+        bounds = _bounds(env)
+        minimum = int(bounds.low)
+        maximum = None if bounds.high is None else int(bounds.high)
         value = self.raw(env)
         fallback = int(_KNOWN[env].default or minimum)
         accepted = (f"expected an integer in [{minimum}, {maximum}]" if maximum is not None
@@ -253,8 +264,11 @@ class _Reader:
             return fallback
         return number
 
-    def number(self, env: str, *, low: float, high: float, low_open: bool = False,
-               high_open: bool = False) -> float:
+    def number(self, env: str) -> float:
+        """A finite number within its spec's bounds; on a problem, the default."""
+        bounds = _bounds(env)
+        low, high = bounds.low, bounds.high if bounds.high is not None else math.inf
+        low_open, high_open = bounds.low_open, bounds.high_open
         value = self.raw(env)
         accepted = (f"expected a number in {'(' if low_open else '['}{low:g}, "
                     f"{high:g}{')' if high_open else ']'}")
@@ -449,46 +463,35 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         routing_table=_parse_routing(reader, adapter_names),
         locale_routes=_parse_locale_routes(reader, adapter_names),
         context_split=_parse_split(reader),
-        context_step_turns=reader.integer(GATEWAY_CONTEXT_STEP_TURNS, minimum=1, maximum=1000),
-        token_cache_max_tokens=reader.integer(GATEWAY_TOKEN_CACHE_MAX_TOKENS, minimum=0),
-        max_messages=reader.integer(GATEWAY_MAX_MESSAGES, minimum=1, maximum=100_000),
-        max_n=reader.integer(GATEWAY_MAX_N, minimum=1, maximum=MAX_N_SCHEMA),
-        max_body_bytes=reader.integer(GATEWAY_MAX_BODY_BYTES, minimum=1024),
-        admission_watermark=reader.number(GATEWAY_ADMISSION_WATERMARK, low=0.0, high=1.0,
-                                          low_open=True),
-        ttft_slo_s=reader.number(GATEWAY_TTFT_SLO_S, low=0.05, high=59.0),
-        admission_wait_s=reader.number(GATEWAY_ADMISSION_WAIT_S, low=0.0, high=59.0),
-        retry_after_s=reader.integer(GATEWAY_RETRY_AFTER_S, minimum=1, maximum=3600),
+        context_step_turns=reader.integer(GATEWAY_CONTEXT_STEP_TURNS),
+        token_cache_max_tokens=reader.integer(GATEWAY_TOKEN_CACHE_MAX_TOKENS),
+        max_messages=reader.integer(GATEWAY_MAX_MESSAGES),
+        max_n=reader.integer(GATEWAY_MAX_N),
+        max_body_bytes=reader.integer(GATEWAY_MAX_BODY_BYTES),
+        admission_watermark=reader.number(GATEWAY_ADMISSION_WATERMARK),
+        ttft_slo_s=reader.number(GATEWAY_TTFT_SLO_S),
+        admission_wait_s=reader.number(GATEWAY_ADMISSION_WAIT_S),
+        retry_after_s=reader.integer(GATEWAY_RETRY_AFTER_S),
         buckets=_parse_buckets(reader, engine.max_model_len),
-        session_ttl_s=reader.number(GATEWAY_SESSION_TTL_S, low=60.0, high=86400.0),
-        session_max=reader.integer(GATEWAY_SESSION_MAX, minimum=1, maximum=10_000_000),
-        request_deadline_s=reader.number(GATEWAY_REQUEST_DEADLINE_S, low=1.0,
-                                         high=SAGEMAKER_INVOKE_TIMEOUT_S, high_open=True),
-        breaker_open_s=reader.number(GATEWAY_BREAKER_OPEN_S, low=0.0, high=3600.0),
-        breaker_close_after_successes=reader.integer(GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES,
-                                                     minimum=1),
-        breaker_half_open_max_inflight=reader.integer(GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT,
-                                                      minimum=1),
-        breaker_context_factor=reader.number(GATEWAY_BREAKER_CONTEXT_FACTOR, low=0.0, high=1.0,
-                                             low_open=True),
-        engine_restart_max_attempts=reader.integer(GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS,
-                                                   minimum=1),
-        engine_restart_backoff_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_S, low=0.0,
-                                               high=600.0),
-        engine_restart_backoff_max_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S,
-                                                   low=0.0, high=3600.0),
-        crash_loop_deaths=reader.integer(GATEWAY_CRASH_LOOP_DEATHS, minimum=1),
-        crash_loop_window_s=reader.number(GATEWAY_CRASH_LOOP_WINDOW_S, low=0.0, high=86400.0,
-                                          low_open=True),
-        recovery_grace_s=reader.number(GATEWAY_RECOVERY_GRACE_S, low=0.0, high=3600.0,
-                                       low_open=True),
-        expected_kv_tokens=reader.optional_int(GATEWAY_EXPECTED_KV_TOKENS, minimum=1),
-        warmup_timeout_s=reader.number(GATEWAY_WARMUP_TIMEOUT_S, low=1.0, high=3600.0),
-        drain_timeout_s=reader.number(GATEWAY_DRAIN_TIMEOUT_S, low=0.0,
-                                      high=SAGEMAKER_SIGKILL_AFTER_S, high_open=True),
+        session_ttl_s=reader.number(GATEWAY_SESSION_TTL_S),
+        session_max=reader.integer(GATEWAY_SESSION_MAX),
+        request_deadline_s=reader.number(GATEWAY_REQUEST_DEADLINE_S),
+        breaker_open_s=reader.number(GATEWAY_BREAKER_OPEN_S),
+        breaker_close_after_successes=reader.integer(GATEWAY_BREAKER_CLOSE_AFTER_SUCCESSES),
+        breaker_half_open_max_inflight=reader.integer(GATEWAY_BREAKER_HALF_OPEN_MAX_INFLIGHT),
+        breaker_context_factor=reader.number(GATEWAY_BREAKER_CONTEXT_FACTOR),
+        engine_restart_max_attempts=reader.integer(GATEWAY_ENGINE_RESTART_MAX_ATTEMPTS),
+        engine_restart_backoff_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_S),
+        engine_restart_backoff_max_s=reader.number(GATEWAY_ENGINE_RESTART_BACKOFF_MAX_S),
+        crash_loop_deaths=reader.integer(GATEWAY_CRASH_LOOP_DEATHS),
+        crash_loop_window_s=reader.number(GATEWAY_CRASH_LOOP_WINDOW_S),
+        recovery_grace_s=reader.number(GATEWAY_RECOVERY_GRACE_S),
+        expected_kv_tokens=reader.optional_int(GATEWAY_EXPECTED_KV_TOKENS),
+        warmup_timeout_s=reader.number(GATEWAY_WARMUP_TIMEOUT_S),
+        drain_timeout_s=reader.number(GATEWAY_DRAIN_TIMEOUT_S),
         metrics_endpoint_name=reader.text(GATEWAY_METRICS_ENDPOINT_NAME),
         metrics_variant_name=reader.text(GATEWAY_METRICS_VARIANT_NAME),
-        metrics_interval_s=reader.number(GATEWAY_METRICS_INTERVAL_S, low=0.1, high=3600.0),
+        metrics_interval_s=reader.number(GATEWAY_METRICS_INTERVAL_S),
         test_mode=reader.flag(GATEWAY_TEST_MODE),
     )
     _cross_check(reader, gateway, engine)
