@@ -33,7 +33,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -255,17 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = EngineConfig(num_gpu_blocks=args.pool_blocks, max_loras=1)
     pool_fits = fits(served, engine)
     sizes = [max(1, round(pool_fits * multiple)) for multiple in args.multiples]
-    with tempfile.TemporaryDirectory(prefix="admission-burst-") as log_dir:
-        servers: dict[str, ServerProcess] = {}
-        try:
-            for name in ("gateway", "vllm"):
-                print(f"starting {name} ...", file=sys.stderr, flush=True)
-                servers[name] = engine_servers.start_server(
-                    name, served, engine, Path(log_dir), env={"GATEWAY_METRICS_INTERVAL_S": "1"})
-            results = measure(servers, sizes, args.rounds)
-        finally:
-            for server in servers.values():
-                server.stop()
+    with engine_servers.running(("gateway", "vllm"), served, engine,
+                                log_prefix="admission-burst-",
+                                env={"gateway": {"GATEWAY_METRICS_INTERVAL_S": "1"}}) as servers:
+        results = measure(servers, sizes, args.rounds)
     table, ok = report(results, args.slo_s * 1000)
     print(f"Bursts of distinct 3-turn chats ({MAX_TOKENS} output tokens) on a pool of "
           f"{args.pool_blocks} blocks × {engine.block_size} tokens (about {pool_fits} requests "

