@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.network import free_port
+from tests.support.network import free_port, wait_until_ok
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVE = REPO_ROOT / "containers" / "intent" / "serve"
@@ -26,20 +25,15 @@ SERVE = REPO_ROOT / "containers" / "intent" / "serve"
 
 def wait_until_ready(base_url: str, timeout_s: float = 60.0,
                      process: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode} before ready")
-        try:
-            response = httpx.get(f"{base_url}/ping", timeout=2.0)
-            last = response.json()
-            if response.status_code == 200:
-                return dict(response.json())
-        except httpx.TransportError as error:
-            last = error
-        time.sleep(0.1)
-    raise AssertionError(f"server not ready after {timeout_s} s; last /ping: {last!r}")
+    """/ping's body once the server answers 200."""
+
+    def exited() -> str | None:
+        if process is None or process.poll() is None:
+            return None
+        return f"server exited with {process.returncode} before ready"
+
+    response = wait_until_ok(f"{base_url}/ping", timeout_s=timeout_s, exited=exited)
+    return dict(response.json())
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import httpx
 from gateway.api_schema import ChatCompletionRequest
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import RequestRecord
-from tests.support.network import free_port
+from tests.support.network import free_port, wait_until_ok
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVE = REPO_ROOT / "tests" / "support" / "sim_serve.py"
@@ -52,21 +52,17 @@ class GatewayProcess:
         return httpx.get(f"{self.url}/ping", timeout=2.0)
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"gateway exited with {self.process.returncode}: "
-                                     f"{self.stderr_path.read_text()[-2000:]}")
-            try:
-                response = self.ping()
-                last = response.json()
-                if response.status_code == 200:
-                    return dict(response.json())
-            except httpx.TransportError as error:
-                last = error
-            time.sleep(0.05)
-        raise AssertionError(f"gateway not ready after {timeout_s} s; last /ping: {last!r}")
+        """/ping's body once the gateway answers 200."""
+
+        def exited() -> str | None:
+            if self.process.poll() is None:
+                return None
+            return (f"gateway exited with {self.process.returncode}: "
+                    f"{self.stderr_path.read_text()[-2000:]}")
+
+        response = wait_until_ok(f"{self.url}/ping", timeout_s=timeout_s, interval_s=0.05,
+                                 name="gateway", exited=exited)
+        return dict(response.json())
 
     def lines(self) -> list[dict[str, Any]]:
         """Every JSON line the gateway wrote to stdout so far."""
