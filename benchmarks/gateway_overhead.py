@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,8 +41,9 @@ sys.path[:0] = [str(REPO), str(LLM_DIR)]
 
 from tokenizers import Tokenizer  # noqa: E402
 
-from tests.support.demo_model import synthetic_conversation, write_model_dir  # noqa: E402
 from prompts import SYSTEM_PROMPT_EN  # noqa: E402
+from tests.support.demo_model import synthetic_conversation, write_model_dir  # noqa: E402
+from tests.support.network import free_port  # noqa: E402
 
 TURNS = (5, 30, 60)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -69,12 +69,6 @@ BARE_APP = textwrap.dedent("""
     async def ping() -> dict:
         return {{"status": "healthy"}}
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
