@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.iam import decide
+
 
 @dataclass(frozen=True)
 class StackTemplate:
@@ -228,11 +230,4 @@ def evaluate(statements: Sequence[Mapping[str, Any]], request: Request, *,
         except UnresolvedReference:
             return literal(item, stack)
 
-    applicable = [s for s in statements if _statement_applies(s, request, stack, resource_arn_of)]
-    denies = [s.get("Sid", "(no Sid)") for s in applicable if s["Effect"] == "Deny"]
-    if denies:
-        return False, f"explicitly denied by {denies}"
-    allows = [s.get("Sid", "(no Sid)") for s in applicable if s["Effect"] == "Allow"]
-    if allows:
-        return True, f"allowed by {allows}"
-    return False, "no statement allows it (implicit deny)"
+    return decide(s for s in statements if _statement_applies(s, request, stack, resource_arn_of))

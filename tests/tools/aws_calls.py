@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from tests.support.iam import decide
+
 NO_PERMISSION = frozenset({("sts", "GetCallerIdentity")})
 """Calls IAM never denies: "No permissions are required to perform this operation" (AWS STS API
 Reference, GetCallerIdentity)."""
@@ -351,14 +353,7 @@ def _applies(statement: Mapping[str, Any], permission: Permission) -> bool:
 
 def evaluate(policy: Mapping[str, Any], permission: Permission) -> tuple[bool, str]:
     """(allowed, why) for one permission under one identity policy."""
-    applicable = [s for s in policy["Statement"] if _applies(s, permission)]
-    denies = [s.get("Sid", "?") for s in applicable if s["Effect"] == "Deny"]
-    if denies:
-        return False, f"explicitly denied by {denies}"
-    allows = [s.get("Sid", "?") for s in applicable if s["Effect"] == "Allow"]
-    if allows:
-        return True, f"allowed by {allows}"
-    return False, "no statement allows it (implicit deny)"
+    return decide(s for s in policy["Statement"] if _applies(s, permission))
 
 
 def unauthorized(calls: Iterable[Call], policy: Mapping[str, Any], account: str,
