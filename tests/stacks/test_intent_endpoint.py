@@ -14,17 +14,12 @@ from stacks.intent_endpoint import INTENT_IMAGE_SOURCES
 from stacks.settings import REPO_ROOT, load_settings, parse_settings
 from stacks.stage import MangaAssistStage
 from stacks.synth import feature_flags
-
-
-def resource(template: dict[str, Any], resource_type: str, logical_prefix: str) -> dict[str, Any]:
-    (found,) = [r["Properties"] for k, r in template["Resources"].items()
-                if r["Type"] == resource_type and k.startswith(logical_prefix)]
-    return found
+from tests.support.templates import only
 
 
 def test_model_is_the_compiled_archive_network_isolated(prod: dict[str, Any]) -> None:
     settings = load_settings("prod")
-    model = resource(prod, "AWS::SageMaker::Model", "IntentEndpointModel")
+    model = only(prod, "AWS::SageMaker::Model", "IntentEndpointModel")[1]
     assert model["EnableNetworkIsolation"] is True
     container = model["PrimaryContainer"]
     assert container["ModelDataUrl"] == (
@@ -40,7 +35,7 @@ def test_model_is_the_compiled_archive_network_isolated(prod: dict[str, Any]) ->
 
 
 def test_endpoint_config_on_inf1_with_the_project_key(prod: dict[str, Any]) -> None:
-    config = resource(prod, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
+    config = only(prod, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")[1]
     (variant,) = config["ProductionVariants"]
     assert variant["InstanceType"] == "ml.inf1.xlarge"
     assert variant["InitialInstanceCount"] == 2  # docs/design-decisions.md#intent-on-inferentia
@@ -58,7 +53,7 @@ def test_inf1_endpoint_updates_all_at_once_without_guardrails(prod: dict[str, An
     at once traffic shifting and no final baking period: [...] Endpoints that use Inf1
     (Inferentia-based) instances". The template says exactly that: all at once, no bake, and no
     auto-rollback alarms that SageMaker would not act on."""
-    endpoint = resource(prod, "AWS::SageMaker::Endpoint", "IntentEndpoint")
+    endpoint = only(prod, "AWS::SageMaker::Endpoint", "IntentEndpoint")[1]
     assert endpoint["EndpointName"] == "manga-assist-prod-intent"
     deployment = endpoint["DeploymentConfig"]
     assert deployment["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
@@ -85,7 +80,7 @@ def test_role_reads_only_the_archive_folder(prod: dict[str, Any]) -> None:
 def test_scaling_keeps_two_instances_off_peak_and_follows_the_calendar(
     prod: dict[str, Any],
 ) -> None:
-    target = resource(prod, "AWS::ApplicationAutoScaling::ScalableTarget", "IntentScaling")
+    target = only(prod, "AWS::ApplicationAutoScaling::ScalableTarget", "IntentScaling")[1]
     assert target["ResourceId"] == "endpoint/manga-assist-prod-intent/variant/AllTraffic"
     actions = {a["ScheduledActionName"]: a for a in target["ScheduledActions"]}
     fleet = load_settings("prod").intent.fleet_plan()
@@ -135,10 +130,10 @@ def test_inf2_selects_the_inf2_image_and_instance(tmp_path: Path) -> None:
     app.synth()
     template = json.loads(
         (tmp_path / "assembly-Dev" / stage.serving.template_file).read_text())
-    config = resource(template, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")
+    config = only(template, "AWS::SageMaker::EndpointConfig", "IntentEndpoint")[1]
     assert config["ProductionVariants"][0]["InstanceType"] == "ml.inf2.xlarge"
     # inf2 has deployment guardrails: the rollback alarms are back.
-    endpoint = resource(template, "AWS::SageMaker::Endpoint", "IntentEndpoint")
+    endpoint = only(template, "AWS::SageMaker::Endpoint", "IntentEndpoint")[1]
     refs = [a["AlarmName"]["Ref"] for a in
             endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
     names = {template["Resources"][r]["Properties"]["AlarmName"] for r in refs}

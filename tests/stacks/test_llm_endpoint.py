@@ -11,16 +11,14 @@ from aws_cdk.assertions import Match, Template
 from gpu_budget import instance_type
 from stacks.llm_endpoint import CUDA13_INFERENCE_AMI, LLM_IMAGE_SOURCES, container_environment
 from stacks.settings import load_settings
+from tests.support.templates import only
 
 STAGES = ("Dev", "Prod")
 
 
-def only(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
+def llm_resource(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
     """The LLM endpoint's one resource of this type (the intent endpoint has its own)."""
-    found = [r for k, r in template["Resources"].items()
-             if r["Type"] == resource_type and k.startswith("LlmEndpoint")]
-    assert len(found) == 1, f"expected one LLM {resource_type}, found {len(found)}"
-    return found[0]["Properties"]
+    return only(template, resource_type, "LlmEndpoint")[1]
 
 
 @pytest.fixture(scope="module", params=STAGES)
@@ -36,7 +34,7 @@ def serving(synthesized, stage: str) -> dict[str, Any]:  # type: ignore[no-untyp
 def test_container_environment_is_the_budget_plan(serving: dict[str, Any], stage: str) -> None:
     settings = load_settings(stage.lower())
     plan = settings.llm.memory_plan()
-    env = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    env = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
     expected = container_environment(
         settings.llm, plan, endpoint_name=f"manga-assist-{stage.lower()}-llm",
         variant_name="AllTraffic",
@@ -66,7 +64,7 @@ def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
 
     llm = load_settings(stage.lower()).llm
     capacity = llm.capacity_plan()
-    env = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    env = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
     assert env["GATEWAY_BUCKET_CAPS"] == capacity.instance.gateway_bucket_caps()
     loaded = gateway_settings.load_settings(env).gateway
     caps = {bucket.value: capacity.instance.cap_of(bucket) for bucket in RequestBucket}
@@ -90,7 +88,7 @@ def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
 
 def test_the_gateway_accepts_every_variable_the_stack_sets(serving: dict[str, Any]) -> None:
     from gateway import settings as gateway_settings
-    env = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    env = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
     # Parses without error and reads back the values the stack chose.
     loaded = gateway_settings.load_settings(env)
     assert loaded.engine.max_model_len == int(env["ENGINE_MAX_MODEL_LEN"])
@@ -98,7 +96,7 @@ def test_the_gateway_accepts_every_variable_the_stack_sets(serving: dict[str, An
 
 
 def test_model_is_network_isolated_in_the_isolated_subnets(serving: dict[str, Any]) -> None:
-    model = only(serving, "AWS::SageMaker::Model")
+    model = llm_resource(serving, "AWS::SageMaker::Model")
     assert model["EnableNetworkIsolation"] is True
     subnets = [s["Ref"] for s in model["VpcConfig"]["Subnets"]]
     assert len(subnets) == 2
@@ -118,7 +116,7 @@ def test_model_is_network_isolated_in_the_isolated_subnets(serving: dict[str, An
 
 def test_model_data_is_an_uncompressed_s3_prefix(serving: dict[str, Any], stage: str) -> None:
     settings = load_settings(stage.lower())
-    source = only(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["ModelDataSource"]
+    source = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["ModelDataSource"]
     assert source["S3DataSource"] == {
         "S3Uri": f"s3://{settings.artifact_bucket_name}/{settings.llm.model.artifact_prefix}/",
         "S3DataType": "S3Prefix",
@@ -142,7 +140,7 @@ def test_image_is_built_from_the_llm_dockerfile_for_amd64(synthesized, stage: st
 
 def test_endpoint_config(serving: dict[str, Any], stage: str) -> None:
     settings = load_settings(stage.lower())
-    config = only(serving, "AWS::SageMaker::EndpointConfig")
+    config = llm_resource(serving, "AWS::SageMaker::EndpointConfig")
     assert "EndpointConfigName" not in config, "a fixed name would block replacement"
     (variant,) = config["ProductionVariants"]
     assert variant["InstanceType"] == "ml.g5.xlarge"
@@ -159,7 +157,7 @@ def test_endpoint_config(serving: dict[str, Any], stage: str) -> None:
 
 
 def test_production_keeps_two_warm_instances(synthesized) -> None:  # type: ignore[no-untyped-def]
-    config = only(synthesized.template("Prod/Serving"), "AWS::SageMaker::EndpointConfig")
+    config = llm_resource(synthesized.template("Prod/Serving"), "AWS::SageMaker::EndpointConfig")
     assert config["ProductionVariants"][0]["InitialInstanceCount"] == 2
 
 
@@ -179,7 +177,7 @@ def test_endpoint_is_blue_green_with_alarm_rollback(serving: dict[str, Any], sta
     Value must be less than or equal to 50% of the variant's total instance count",
     WaitIntervalInSeconds "The waiting time (in seconds) between incremental steps"."""
     settings = load_settings(stage.lower()).llm.deployment
-    endpoint = only(serving, "AWS::SageMaker::Endpoint")
+    endpoint = llm_resource(serving, "AWS::SageMaker::Endpoint")
     assert endpoint["EndpointName"] == f"manga-assist-{stage.lower()}-llm"
     assert endpoint["RetainAllVariantProperties"] is True
     deployment = endpoint["DeploymentConfig"]

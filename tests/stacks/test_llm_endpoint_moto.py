@@ -16,6 +16,7 @@ import pytest
 from botocore.validate import ParamValidator
 
 from tests.support.aws import fake_credentials
+from tests.support.templates import only
 
 moto = pytest.importorskip("moto")
 from moto.sagemaker import models as sagemaker_models  # noqa: E402
@@ -30,12 +31,6 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                         lambda self, instance_type: None)
     with moto.mock_aws():
         yield
-
-
-def resource(template: dict[str, Any], resource_type: str) -> tuple[str, dict[str, Any]]:
-    (found,) = [(k, r["Properties"]) for k, r in template["Resources"].items()
-                if r["Type"] == resource_type and k.startswith("LlmEndpoint")]
-    return found
 
 
 def resolve(value: Any, refs: dict[str, str]) -> Any:
@@ -81,20 +76,20 @@ def test_endpoint_resources_are_accepted_by_the_sagemaker_api(synthesized, aws) 
     refs[f"{role_id}.Arn"] = created_role["Role"]["Arn"]
 
     sagemaker = boto3.client("sagemaker", region_name=REGION)
-    model_id, model = resource(template, "AWS::SageMaker::Model")
+    model_id, model = only(template, "AWS::SageMaker::Model", "LlmEndpoint")
     model_props = resolve(model, refs)
     created_model = sagemaker.create_model(ModelName="llm-model", **model_props)
     assert created_model["ModelArn"].endswith("model/llm-model")
     refs[f"{model_id}.ModelName"] = "llm-model"
 
-    config_id, config = resource(template, "AWS::SageMaker::EndpointConfig")
+    config_id, config = only(template, "AWS::SageMaker::EndpointConfig", "LlmEndpoint")
     sagemaker.create_endpoint_config(EndpointConfigName="llm-config-1", **resolve(config, refs))
     refs[f"{config_id}.EndpointConfigName"] = "llm-config-1"
 
     for logical_id, r in template["Resources"].items():
         if r["Type"] == "AWS::CloudWatch::Alarm" and "AlarmName" in r["Properties"]:
             refs[logical_id] = r["Properties"]["AlarmName"]
-    _, endpoint = resource(template, "AWS::SageMaker::Endpoint")
+    _, endpoint = only(template, "AWS::SageMaker::Endpoint", "LlmEndpoint")
     arguments = resolve(endpoint, refs)
     # CloudFormation sends the retention settings with UpdateEndpoint, not CreateEndpoint: check
     # them against that operation's input shape (moto does not implement update_endpoint).

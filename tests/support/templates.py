@@ -19,3 +19,13 @@ def properties(template: dict[str, Any], resource_type: str,
     """Logical id -> ``Properties`` of the same resources as :func:`resources`."""
     return {logical_id: resource.get("Properties", {})
             for logical_id, resource in resources(template, resource_type, prefix).items()}
+
+
+def only(template: dict[str, Any], resource_type: str,
+         prefix: str = "") -> tuple[str, dict[str, Any]]:
+    """The one resource of ``resource_type`` whose logical id starts with ``prefix``: its logical
+    id and ``Properties``; AssertionError naming how many there were otherwise."""
+    found = properties(template, resource_type, prefix)
+    assert len(found) == 1, f"expected one {resource_type} {prefix}*, found {len(found)}"
+    ((logical_id, props),) = found.items()
+    return logical_id, props
