@@ -8,7 +8,8 @@ of :data:`ENGINE_ARGS` (:mod:`gpu_budget.engine_args`), which the plan, the cont
 the vLLM adapter and the stack's settings all read. ``python -m tools.budget plan ...`` prints the
 same plan.
 
-Pure package: no AWS, CDK or torch imports; matplotlib only inside :func:`plot_plan`.
+Pure package: no AWS, CDK, torch or matplotlib imports (the plots and the text report are the
+operator command's: ``tools/budget``).
 """
 
 from gpu_budget.engine_args import (
@@ -48,7 +49,6 @@ from gpu_budget.planner import (
     validate,
     vllm_quantization_for,
 )
-from gpu_budget.plotting import plot_plan
 from gpu_budget.static_paged import StaticVsPaged, static_vs_paged
 from gpu_budget.weights import (
     QUANTIZATION_CHOICES,
@@ -96,7 +96,6 @@ __all__ = [
     "lora_bytes",
     "parse_quantization",
     "plan",
-    "plot_plan",
     "static_vs_paged",
     "validate",
     "vllm_quantization_for",

@@ -21,10 +21,10 @@ from gpu_budget.instances import GIB, INSTANCE_CATALOG
 from gpu_budget.kv import KV_CACHE_DTYPES
 from gpu_budget.lengths import SEED_EXAMPLE_REQUEST_TOKENS
 from gpu_budget.planner import BudgetError, MemoryPlan, plan
-from gpu_budget.report import format_plan, format_static_vs_paged
 from gpu_budget.static_paged import static_vs_paged
 from gpu_budget.weights import QUANTIZATION_CHOICES
 from stacks.settings import SettingsError, load_environment
+from tools.budget.report import format_plan, format_static_vs_paged
 
 PROG = "tools.budget"
 
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(memory_plan.to_json() if args.json else format_plan(memory_plan))
     if args.plot is not None:
-        from gpu_budget.plotting import plot_plan
+        from tools.budget.plotting import plot_plan
 
         written = plot_plan(memory_plan, args.plot)
         print(f"plot written to {written}", file=sys.stderr)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from quantization import job_outputs
-from quantization.launch_plan import RUN_ID_PATTERN, candidate_prefix
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, SettingsError, load_settings
 from tools.aws_context import (
@@ -50,6 +49,7 @@ from tools.promote.checks import (
     target_problems,
 )
 from tools.publish.upload import SHA256_METADATA, human_bytes, transfer_config
+from tools.quantize.plan import RUN_ID_PATTERN, candidate_prefix
 
 EXIT_OK, EXIT_AWS, EXIT_REFUSED = 0, 1, 2
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from quantization import job_outputs
-from quantization.launch_plan import (
+from stacks.settings import CONFIG_DIR, EnvironmentSettings, SettingsError, load_settings
+from tools.quantize.plan import (
     TERMINAL_STATUSES,
     GateVerdict,
     JobPlan,
@@ -39,7 +40,6 @@ from quantization.launch_plan import (
     plan_job,
     progress_line,
 )
-from stacks.settings import CONFIG_DIR, EnvironmentSettings, SettingsError, load_settings
 
 SDK_CONFIG = {"SchemaVersion": "1.0",
               "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from quantization import job_outputs
-from quantization.launch_plan import (
+from stacks.settings import load_settings
+from tools.quantize.plan import (
     GateVerdict,
     LaunchError,
     StackOutputs,
@@ -13,7 +14,6 @@ from quantization.launch_plan import (
     plan_job,
     progress_line,
 )
-from stacks.settings import load_settings
 
 OUTPUTS = {
     "Prod-Foundation": {job_outputs.ARTIFACT_BUCKET: "bucket",
@@ -111,7 +111,7 @@ def test_an_ebs_backed_training_instance_gets_the_key_only_if_the_role_can_grant
     import dataclasses
 
     from gpu_budget import instance_type as real
-    from quantization import launch_plan
+    from tools.quantize import plan as launch_plan
 
     ebs = dataclasses.replace(real("ml.g5.4xlarge"), name="ml.p3.2xlarge")
     monkeypatch.setattr(launch_plan, "catalog_instance_type",
