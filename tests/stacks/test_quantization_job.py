@@ -12,16 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from quantization import job_outputs
 
 BUCKET = "manga-assist-prod-models-123456789012-ap-northeast-1"
-
-
-@pytest.fixture(scope="module")
-def serving(synthesized) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return dict(synthesized.template("Prod/Serving"))
 
 
 def role_statements(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -44,11 +37,11 @@ def test_every_output_the_launcher_reads_exists(synthesized) -> None:  # type: i
 
 
 def test_role_reads_base_models_and_writes_only_candidates_and_reports(
-    serving: dict[str, Any],
+    prod: dict[str, Any],
 ) -> None:
     """The job never writes the served prefix: a run's model goes to its own versioned prefix
     under quantization.candidates_prefix, and `make promote` copies it, checked."""
-    statements = role_statements(serving)
+    statements = role_statements(prod)
     assert statements["ReadBaseModels"]["Resource"] == f"arn:aws:s3:::{BUCKET}/base-models/*"
     assert statements["WriteModelAndReports"]["Resource"] == [
         f"arn:aws:s3:::{BUCKET}/quantization/models/*",
@@ -59,18 +52,18 @@ def test_role_reads_base_models_and_writes_only_candidates_and_reports(
 
 
 def test_no_volume_key_grant_for_a_training_instance_with_local_storage(
-    serving: dict[str, Any],
+    prod: dict[str, Any],
 ) -> None:
     """ml.g5.4xlarge has NVMe instance storage: "Local storage volumes are encrypted using a
     hardware module on the instance. You can't request a VolumeKmsKeyId when using an instance
     type with local storage" (SageMaker API Reference, ResourceConfig,
     https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_ResourceConfig.html), so the
     role needs no kms:CreateGrant for a volume."""
-    assert "VolumeKeyGrant" not in role_statements(serving)
+    assert "VolumeKeyGrant" not in role_statements(prod)
 
 
-def test_role_trusts_only_sagemaker_in_this_account(serving: dict[str, Any]) -> None:
-    [role] = [value for key, value in serving["Resources"].items()
+def test_role_trusts_only_sagemaker_in_this_account(prod: dict[str, Any]) -> None:
+    [role] = [value for key, value in prod["Resources"].items()
               if key.startswith("QuantizationJobRole") and value["Type"] == "AWS::IAM::Role"]
     [statement] = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
@@ -78,9 +71,9 @@ def test_role_trusts_only_sagemaker_in_this_account(serving: dict[str, Any]) -> 
 
 
 def test_the_s3_endpoint_lets_the_subnets_write_only_the_job_outputs(
-    serving: dict[str, Any],
+    prod: dict[str, Any],
 ) -> None:
-    [endpoint] = [value for value in serving["Resources"].values()
+    [endpoint] = [value for value in prod["Resources"].values()
                   if value["Type"] == "AWS::EC2::VPCEndpoint"
                   and value["Properties"].get("VpcEndpointType", "Gateway") == "Gateway"]
     writes = [s for s in endpoint["Properties"]["PolicyDocument"]["Statement"]
