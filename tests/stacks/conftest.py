@@ -18,3 +18,9 @@ def prod(synthesized: Any) -> dict[str, Any]:
 def dev(synthesized: Any) -> dict[str, Any]:
     """Dev's Serving stack template."""
     return synthesized.template("Dev/Serving")
+
+
+@pytest.fixture(params=["Dev", "Prod"], scope="module")
+def stage(request: pytest.FixtureRequest) -> str:
+    """Each environment's stage name in turn (a test module runs once per stage)."""
+    return str(request.param)

@@ -67,11 +67,6 @@ def resources(statement: dict[str, Any]) -> list[str]:
             for r in (value if isinstance(value, list) else [value])]
 
 
-@pytest.fixture(params=["Dev", "Prod"], scope="module")
-def stage(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_every_documented_hosting_permission_is_granted(synthesized, stage: str,  # type: ignore[no-untyped-def]
                                                         endpoint: str) -> None:

@@ -8,11 +8,6 @@ from aws_cdk.assertions import Match, Template
 ENVIRONMENTS = {"Dev": "ml-platform-dev@example.com", "Prod": "ml-platform-oncall@example.com"}
 
 
-@pytest.fixture(params=sorted(ENVIRONMENTS), scope="module")
-def stage(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture(scope="module")
 def foundation(synthesized, stage: str) -> Template:  # type: ignore[no-untyped-def]
     return Template.from_json(synthesized.template(f"{stage}/Foundation"))

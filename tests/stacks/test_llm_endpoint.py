@@ -13,17 +13,10 @@ from stacks.llm_endpoint import CUDA13_INFERENCE_AMI, LLM_IMAGE_SOURCES, contain
 from stacks.settings import load_settings
 from tests.support.templates import only
 
-STAGES = ("Dev", "Prod")
-
 
 def llm_resource(template: dict[str, Any], resource_type: str) -> dict[str, Any]:
     """The LLM endpoint's one resource of this type (the intent endpoint has its own)."""
     return only(template, resource_type, "LlmEndpoint")[1]
-
-
-@pytest.fixture(scope="module", params=STAGES)
-def stage(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")
