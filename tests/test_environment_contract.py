@@ -24,7 +24,7 @@ from serving_contract.environment import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-NOT_PRODUCT = ("tests/", "benchmarks/", "tools/", "checks/", "scripts/", "docs/")
+NOT_PRODUCT = ("tests/", "benchmarks/", "tools/", "checks/", "docs/")
 CONTRACT_MODULES = ("serving_contract/environment.py", "request_buckets/__init__.py")
 SPLIT_SHARES = (DEFAULT_CONTEXT_SPLIT.system, DEFAULT_CONTEXT_SPLIT.rag,
                 DEFAULT_CONTEXT_SPLIT.history, DEFAULT_CONTEXT_SPLIT.output)
