@@ -16,9 +16,11 @@ import subprocess
 from pathlib import Path
 from typing import get_args
 
+from gpu_budget.engine_args import ENGINE_ARGS
 from request_buckets import BUCKET_NAMES, BucketName
 from serving_contract.environment import (
     DEFAULT_CONTEXT_SPLIT,
+    ENGINE_ENV_PREFIX,
     GATEWAY_SETTINGS,
     format_context_split,
 )
@@ -26,6 +28,9 @@ from serving_contract.environment import (
 REPO = Path(__file__).resolve().parent.parent
 NOT_PRODUCT = ("tests/", "benchmarks/", "tools/", "checks/", "docs/")
 CONTRACT_MODULES = ("serving_contract/environment.py", "request_buckets/__init__.py")
+ENGINE_NAMES = frozenset({ENGINE_ENV_PREFIX, *(arg.env for arg in ENGINE_ARGS)})
+"""The engine arguments' variables (``ENGINE_MAX_MODEL_LEN`` ...) and their prefix: typed, they
+would bypass the GPU budget's table (``gpu_budget.engine_args``)."""
 SPLIT_SHARES = (DEFAULT_CONTEXT_SPLIT.system, DEFAULT_CONTEXT_SPLIT.rag,
                 DEFAULT_CONTEXT_SPLIT.history, DEFAULT_CONTEXT_SPLIT.output)
 
@@ -67,10 +72,12 @@ def contract_violations(path: str, source: str) -> list[str]:
     for node in ast.walk(ast.parse(source, filename=path)):
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and node.value.startswith("GATEWAY_") and node.value.rstrip("_").replace(
-                    "_", "").isalnum() and node.value.upper() == node.value:
+                and (node.value in ENGINE_NAMES or (node.value.startswith("GATEWAY_")
+                     and node.value.rstrip("_").replace("_", "").isalnum()
+                     and node.value.upper() == node.value)):
             found.append(f"{path}:{line}: the name {node.value!r} (import it from "
-                         "serving_contract.environment)")
+                         "serving_contract.environment, or an engine argument's "
+                         "gpu_budget.engine_args.ENGINE_ARG[...].env)")
         strings = _strings(node)
         if strings and len(set(strings) & set(BUCKET_NAMES)) >= 2:
             found.append(f"{path}:{line}: bucket names {strings} (use request_buckets)")
@@ -89,10 +96,11 @@ def test_product_code_types_no_environment_name_bucket_set_or_split() -> None:
 def test_the_check_finds_what_it_looks_for() -> None:
     source = ('env = {"GATEWAY_MODEL_DIR": "/m"}\ncaps = {"S": 1, "M": 2}\n'
               'mix: Literal["S", "M", "L", "XL"]\nsplit = Split(0.125, 0.25, 0.5, 0.125)\n'
+              'raise EngineConfigError("...", setting="ENGINE_BLOCK_SIZE")\n'
               'message = f"GATEWAY_MODEL_DIR={path}: missing"\n'
               '"""GATEWAY_MODEL_DIR in a docstring is prose."""\n')
     found = contract_violations("x.py", source)
-    assert sorted(problem.split(":")[1] for problem in found) == ["1", "2", "3", "4"]
+    assert sorted(problem.split(":")[1] for problem in found) == ["1", "2", "3", "4", "5"]
 
 
 def test_bucket_name_type_matches_the_buckets() -> None:

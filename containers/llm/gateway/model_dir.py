@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.engines.base import EngineConfigError
+from gpu_budget.engine_args import ENGINE_ARG
 from serving_contract.environment import GATEWAY_MODEL_DIR
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
@@ -88,8 +89,9 @@ def check_model_dir(model_dir: Path, *, max_model_len: int) -> dict[str, Any]:
     check_weights(model_dir)
     positions = model_positions(config)
     if positions is not None and max_model_len > positions:
+        setting = ENGINE_ARG["max_model_len"].env
         raise EngineConfigError(
-            f"ENGINE_MAX_MODEL_LEN={max_model_len}: above the model's position limit of "
+            f"{setting}={max_model_len}: above the model's position limit of "
             f"{positions} tokens (config.json in {model_dir}); accepted: at most {positions}",
-            setting="ENGINE_MAX_MODEL_LEN")
+            setting=setting)
     return config

@@ -76,7 +76,13 @@ from gateway.engines.base import (
 )
 from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
-from gpu_budget.engine_args import BLOCK_SIZE_MULTIPLE, ENGINE_ARGS, block_sizes_for
+from gpu_budget.engine_args import (
+    BLOCK_SIZE_MULTIPLE,
+    ENGINE_ARG,
+    ENGINE_ARGS,
+    block_sizes_for,
+)
+from serving_contract.environment import ENGINE_ENV_PREFIX
 
 LOG = logging.getLogger("gateway.engines.vllm")
 
@@ -408,9 +414,10 @@ class VllmEngine:
         block_size = self._settings.engine.block_size
         if multiple is not None and block_size % multiple:
             accepted = ", ".join(map(str, block_sizes_for(api.device_type)))
+            setting = ENGINE_ARG["block_size"].env
             raise EngineConfigError(
-                f"ENGINE_BLOCK_SIZE={block_size}: the {api.device_type} attention backend needs a "
-                f"multiple of {multiple}; accepted: {accepted}", setting="ENGINE_BLOCK_SIZE")
+                f"{setting}={block_size}: the {api.device_type} attention backend needs a "
+                f"multiple of {multiple}; accepted: {accepted}", setting=setting)
 
     def _config_error(self, error: BaseException) -> EngineConfigError:
         """vLLM's refusal of the configuration, on one line, naming our setting when it can."""
@@ -418,7 +425,7 @@ class VllmEngine:
         names = sorted((name for name in self._arguments if name in message),
                        key=message.index)
         if names:
-            setting = f"ENGINE_{names[0].upper()}"
+            setting = f"{ENGINE_ENV_PREFIX}{names[0].upper()}"
             value = self._arguments[names[0]]
             return EngineConfigError(f"{setting}={value}: vLLM refused it: {message[:400]}",
                                      setting=setting)
