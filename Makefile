@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate cost capacity budget local intent-local bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup synth simulate traces cost capacity budget local intent-local compile-intent intent-cost bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline 
 simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img
 	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --spike-env prod --plot-dir docs/img
 
+traces: setup ## rewrite the shipped traffic traces (tools/scaling_sim/traces/) from prod's expected day and the release calendar
+	$(PY) -m tools.scaling_sim.traces
+
 cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
@@ -113,6 +116,14 @@ intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it lik
 	$(PY) -m neuron.random_model build/intent-random
 	$(PY) -m neuron.compile --target cpu --model-dir build/intent-random --out build/intent-cpu --overwrite
 	PYTHONPATH=.:containers/intent INTENT_MODEL_DIR=build/intent-cpu/model $(PY) containers/intent/serve
+
+# Runs with the Python that has the target's SDK (PYTHON; the Neuron image's python3 for inf1/inf2,
+# docs/intent.md), not .venv: torch-neuron / torch-neuronx never install from PyPI.
+compile-intent: ## compile the intent model for TARGET (inf1, inf2, cpu): make compile-intent TARGET=inf1 MODEL_DIR=<dir> OUT=<dir>
+	$(PYTHON) -m neuron.compile --target $(TARGET) --model-dir $(MODEL_DIR) --out $(OUT) $(COMPILE_FLAGS)
+
+intent-cost: setup ## the intent classifier's monthly price on GPU vs Inferentia (catalog prices; COST_FLAGS="--gpu-price 1.2 ...")
+	$(PY) -m neuron.cost $(COST_FLAGS)
 
 bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier
 	$(PY) benchmarks/gateway_vs_vllm.py
@@ -179,7 +190,7 @@ instance-switch: setup ## deregister ENV's variants whose instance type changes 
 	$(INSTANCE_SWITCH) --env $(ENV) $(if $(DRY_RUN),--dry-run)
 
 pipeline-settings: setup ## what the delivery pipeline reads for ENV (role, region); POLICY=1 prints the deploy role's permissions policy
-	$(PY) -m tools.pipeline_settings --env $(ENV) $(if $(POLICY),--deploy-role-policy)
+	$(PY) -m tools.pipeline_settings --env $(ENV) $(if $(POLICY),--deploy-role-policy) $(PIPELINE_FLAGS)
 
 promote: setup ## copy a quantization run's checked candidate to llm.model.artifact_prefix (never the served one): make promote ENV=prod RUN=<run id>
 	$(PY) -m tools.promote --env $(ENV) --run "$(RUN)" $(if $(ADAPTERS_FROM),--adapters-from "$(ADAPTERS_FROM)") $(PROMOTE_FLAGS)

@@ -16,7 +16,6 @@ import hashlib
 import io
 import json
 import shutil
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from stacks.artifact_layout import artifact_layout
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, load_settings
 from tests.support.artifacts import write_adapters, write_intent_archive, write_model_dir
 from tests.support.aws import AwsEnvironment, aws_environment, fake_credentials
+from tests.support.network import free_port
 from tests.tools.aws_calls import Permission, RecordingMotoServer, evaluate, unauthorized
 from tools.deploy_role import deploy_role_policy
 from tools.preflight.__main__ import check_artifacts
@@ -324,10 +324,7 @@ def test_after_a_promotion_the_attached_deploy_role_policy_allows_the_next_prefl
     (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html,
     "Actions, resources, and condition keys for Amazon S3"); no allow is a deny
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = RecordingMotoServer(port)
+    server = RecordingMotoServer(free_port())
     server.start()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)

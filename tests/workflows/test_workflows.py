@@ -91,8 +91,8 @@ def test_main_deploys_dev_then_prod_each_followed_by_its_smoke_test() -> None:
 def test_aws_access_is_oidc_with_the_role_from_settings() -> None:
     deploy = load("deploy-environment.yml")["jobs"]["deploy"]
     settings_step = next(step for step in deploy["steps"] if step.get("id") == "settings")
-    assert "python -m tools.pipeline_settings --env \"$TARGET_ENV\"" in settings_step["run"]
-    assert "--github-output" in settings_step["run"]
+    assert 'make pipeline-settings ENV="$TARGET_ENV"' in settings_step["run"]
+    assert "--expect-github-environment $TARGET_ENV --github-output" in settings_step["run"]
     credentials = next(step for step in deploy["steps"]
                        if step.get("uses", "").startswith("aws-actions/configure-aws-credentials@"))
     assert credentials["with"]["role-to-assume"] == "${{ steps.settings.outputs.role_arn }}"
