@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate traces cost capacity budget local intent-local compile-intent intent-cost bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -121,6 +121,9 @@ intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it lik
 # docs/intent.md), not .venv: torch-neuron / torch-neuronx never install from PyPI.
 compile-intent: ## compile the intent model for TARGET (inf1, inf2, cpu): make compile-intent TARGET=inf1 MODEL_DIR=<dir> OUT=<dir>
 	$(PYTHON) -m neuron.compile --target $(TARGET) --model-dir $(MODEL_DIR) --out $(OUT) $(COMPILE_FLAGS)
+
+gate-resolution: setup ## the quality gate's resolution by evaluation-set size (the table docs/design-decisions.md#gate-resolution quotes)
+	$(PY) -m quantization.resolution
 
 intent-cost: setup ## the intent classifier's monthly price on GPU vs Inferentia (catalog prices; COST_FLAGS="--gpu-price 1.2 ...")
 	$(PY) -m neuron.cost $(COST_FLAGS)

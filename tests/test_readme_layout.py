@@ -149,6 +149,53 @@ def test_every_operator_command_is_a_make_target_its_row_names() -> None:
                                       f"but {targets} run it")
 
 
+PROGRAM_RUNNERS = ("Makefile", ".github/workflows/deliver.yml",
+                   ".github/workflows/deploy-environment.yml", ".github/workflows/pull-request.yml",
+                   "containers/quantize/quantize-job", "containers/llm/serve",
+                   "containers/intent/serve")
+"""Where a program of this repository may be started: a make target, a workflow, or an image's
+entry script (the job and the servers, which SageMaker starts)."""
+NOT_PROGRAMS = ("tests/", "benchmarks/", "app.py")
+"""The tests and the benchmarks run by pytest and make bench; app.py by the CDK CLI (cdk.json)."""
+
+
+def programs() -> list[str]:
+    """Dotted names of the tracked modules that run as programs: a ``__main__.py`` package or a
+    ``if __name__ == "__main__"`` guard (tests, benchmarks and the CDK app left out)."""
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO_ROOT, check=True,
+                            capture_output=True, text=True).stdout.split()
+    found = []
+    for path in listed:
+        if path.startswith(NOT_PROGRAMS) or not (REPO_ROOT / path).is_file():
+            continue
+        if path.endswith("/__main__.py"):
+            found.append(path.removesuffix("/__main__.py").replace("/", "."))
+        elif '__name__ == "__main__"' in (REPO_ROOT / path).read_text(encoding="utf-8"):
+            found.append(path.removesuffix(".py").replace("/", "."))
+    return sorted(found)
+
+
+def test_every_program_is_started_by_make_a_workflow_or_an_image() -> None:
+    """Each command is run one way and from one place: ``python -m <module>`` (or its import by
+    an image's entry script), never a module a person must know to call by hand."""
+    runners = "\n".join([*make_recipes().values(),
+                         *(REPO_ROOT.joinpath(path).read_text(encoding="utf-8")
+                           for path in PROGRAM_RUNNERS[1:])])
+    found = programs()
+    assert len(found) > 20, "not vacuous"
+    unstarted = []
+    for module in found:
+        image_import = module.split(".", 2)[-1] if module.startswith("containers.") else None
+        if re.search(rf"-m {re.escape(module)}(?![\w.])", runners):
+            continue
+        if image_import and re.search(rf"from {re.escape(image_import.rsplit('.', 1)[0])}\b",
+                                      runners):
+            continue
+        unstarted.append(module)
+    assert unstarted == [], (f"{unstarted} run as programs but no make target, workflow or image "
+                             "entry script starts them")
+
+
 def imported_modules(path: Path) -> Iterator[str]:
     """Every absolute import of a Python file, dotted."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
