@@ -69,9 +69,9 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 
 # The quantization launcher's environment: the sagemaker SDK (v3) pins versions (rich, protobuf,
 # importlib-metadata ...) that differ from the shared venv's. The job image never needs it.
-$(SM_VENV)/.installed: quantization/requirements-launch.txt
+$(SM_VENV)/.installed: tools/quantize/requirements.txt
 	$(PYTHON) -m venv $(SM_VENV)
-	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements-launch.txt
+	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r tools/quantize/requirements.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
