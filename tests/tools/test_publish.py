@@ -213,7 +213,7 @@ def test_an_archive_compiled_for_another_target_is_refused(artifacts: dict[str, 
     artifacts["intent"] = write_intent_archive(tmp_path / "inf2", target="inf2")
     assert refused(artifacts) == [
         f"publish: refused: INTENT {artifacts['intent']}: compiled for inf2 (manifest.json "
-        "target) but intent.target is inf1: compile with neuron/compile.py --target inf1"]
+        "target) but intent.target is inf1: compile with python -m neuron.compile --target inf1"]
 
 
 def test_an_adapter_of_another_base_model_is_refused(artifacts: dict[str, Path]) -> None:

@@ -214,14 +214,14 @@ def check_intent_archive(archive: Path, settings: IntentEndpointSettings) -> lis
             return [f"{where}: {error}"]
         if manifest.target.value != settings.target:
             return [f"{where}: compiled for {manifest.target.value} (manifest.json target) but "
-                    f"intent.target is {settings.target}: compile with neuron/compile.py "
+                    f"intent.target is {settings.target}: compile with python -m neuron.compile "
                     f"--target {settings.target}"]
         problem = manifest.servable_problem
         if problem:
             return [f"{where}: {problem}"]
         if not (root / MANIFEST_FILE).is_file():
             return [f"{where}: has no {MANIFEST_FILE}, which the container checks at start: "
-                    "compile it again with this repository's neuron/compile.py"]
+                    "compile it again with this repository's python -m neuron.compile"]
         try:
             packed = artifact_files_from_json((root / MANIFEST_FILE).read_text("utf-8"),
                                               source=f"{archive.name}/{MANIFEST_FILE}")
