@@ -98,10 +98,13 @@ class IntentEndpointSettings(StrictModel):
                 "invocations_per_instance")
         return self
 
-    @model_validator(mode="after")
-    def _deployment_honoured(self) -> IntentEndpointSettings:
-        problem = deployment_problem(self.deployment, instance_type=self.instance_type,
-                                     min_capacity=self.scaling.min_capacity)
-        if problem:
-            raise ValueError(problem)
-        return self
+    def deployment_problem(self) -> str | None:
+        """What SageMaker would not honour in :attr:`deployment` on this instance type and
+        count, or None.
+
+        Not a validator: the section's rules ran in the order fleet plan, then deployment, so a
+        section failing both reports the fleet's refusal. The fleet plan is made once the
+        settings have loaded, so :func:`stacks.settings.plans.plan_intent` checks this right
+        after it."""
+        return deployment_problem(self.deployment, instance_type=self.instance_type,
+                                  min_capacity=self.scaling.min_capacity)

@@ -81,12 +81,19 @@ def plan_llm(llm: LlmEndpointSettings) -> LlmPlans:
 
 
 def plan_intent(intent: IntentEndpointSettings) -> FleetPlan:
-    """The classifier's fleet plan from its declared rate; PlanRefused when it cannot be made."""
+    """The classifier's fleet plan from its declared rate; PlanRefused when it cannot be made,
+    then when SageMaker would not honour the section's deployment (the intent section's last
+    rule, checked after its planner as it always was:
+    :meth:`IntentEndpointSettings.deployment_problem`)."""
     try:
-        return intent.fleet_plan()
+        fleet = intent.fleet_plan()
     except FleetError as exc:
         raise PlanRefused("intent", "the capacity model refuses this configuration: "
                                     f"{exc}") from None
+    problem = intent.deployment_problem()
+    if problem:
+        raise PlanRefused("intent", problem)
+    return fleet
 
 
 PLANNED_SECTIONS: dict[str, type[LlmEndpointSettings] | type[IntentEndpointSettings]] = {

@@ -102,6 +102,20 @@ def test_a_bake_is_refused_on_inf1() -> None:
                               "on ml.inf1.xlarge")
 
 
+def test_the_fleet_refusal_comes_before_the_deployment_rule_on_the_intent() -> None:
+    """The intent section's rules run in their old order, fleet plan then deployment: a section
+    failing both reports the capacity model's refusal (the message before the settings became
+    a package; the planner now runs once the settings have loaded)."""
+    data = with_deployment("intent", {"traffic_shift": "all_at_once", "bake_s": 300})
+    data["intent"]["capacity"]["per_instance_invocations_per_min"] = float("inf")
+    assert refusal(data) == (
+        "config/dev.yaml: intent: the capacity model refuses this configuration: "
+        "sustainable_invocations_per_min inf; accepted: > 0")
+    data["intent"]["capacity"]["per_instance_invocations_per_min"] = 1950
+    assert refusal(data).startswith("config/dev.yaml: intent: deployment.bake_s: 300 is not "
+                                    "honoured on ml.inf1.xlarge")
+
+
 def test_inf2_has_guardrails() -> None:
     data = with_deployment("intent", {"traffic_shift": "canary", "canary_percent": 50},
                            min_capacity=2, max_capacity=4)
