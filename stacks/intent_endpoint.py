@@ -10,17 +10,10 @@ automatic rollback (stacks/settings/aws.py, GUARDRAILS_EXCLUDED_FAMILIES).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.artifact_layout import ModelArtifact
 from stacks.container_image import repo_image_asset
-from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
-from stacks.network import ModelNetwork
+from stacks.model_endpoint import EndpointPlacement, ModelEndpointConstruct, add_model_endpoint
 from stacks.settings import IntentEndpointSettings
 
 INTENT_IMAGE_SOURCES: tuple[str, ...] = (
@@ -58,7 +51,8 @@ def intent_environment(
 
 
 class IntentEndpoint(ModelEndpointConstruct):
-    """A SageMaker endpoint on ml.inf1 (or ml.inf2) serving the compiled intent classifier."""
+    """A SageMaker endpoint on ml.inf1 (or ml.inf2) serving the compiled intent classifier,
+    where ``placement`` says (:class:`EndpointPlacement`)."""
 
     def __init__(
         self,
@@ -66,18 +60,9 @@ class IntentEndpoint(ModelEndpointConstruct):
         id_: str,
         *,
         settings: IntentEndpointSettings,
-        endpoint_name: str,
-        initial_instance_count: int,
-        artifact_bucket: s3.IBucket,
-        model_artifact: ModelArtifact,
-        encryption_key: kms.IKey,
-        network: ModelNetwork,
-        rollback_alarms: Sequence[cloudwatch.IAlarm],
-        variant_name: str = "AllTraffic",
+        placement: EndpointPlacement,
     ) -> None:
-        super().__init__(scope, id_)
-        self.endpoint_name = endpoint_name
-        self.variant_name = variant_name
+        super().__init__(scope, id_, placement=placement)
         self.ecr_image = repo_image_asset(
             self,
             "Image",
@@ -85,29 +70,23 @@ class IntentEndpoint(ModelEndpointConstruct):
             sources=INTENT_IMAGE_SOURCES,
             build_args={"TARGET": settings.target},
         )
-        model_data = ModelData.of(artifact_bucket, model_artifact)
         self.resources = add_model_endpoint(
             self,
-            endpoint_name=endpoint_name,
-            variant_name=variant_name,
+            placement=placement,
             image=self.ecr_image,
-            model_data=model_data,
             environment=intent_environment(
-                settings, endpoint_name=endpoint_name, variant_name=variant_name
+                settings, endpoint_name=placement.endpoint_name,
+                variant_name=placement.variant_name,
             ),
             instance_type=settings.instance_type,
-            initial_instance_count=initial_instance_count,
             inference_ami_version=None,
             health=settings.health,
             deployment=settings.deployment,
-            encryption_key=encryption_key,
-            network=network,
-            rollback_alarms=rollback_alarms,
         )
         self.add_outputs(
-            endpoint_name=endpoint_name,
+            endpoint_name=placement.endpoint_name,
             description="Intent classifier endpoint (intent + confidence + scores)",
             export_suffix="IntentEndpointName",
-            model_data=model_data,
+            model_data=placement.model_data,
             model_data_description="neuron/compile.py's model.tar.gz; `make publish` uploads it",
         )

@@ -10,15 +10,9 @@ when its settings loaded (:class:`stacks.settings.EnvironmentPlans`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from capacity_model import LlmCapacity
-from gpu_budget import MemoryPlan
 from serving_contract import format_adapters, format_locale_routes, format_routing
 from serving_contract.environment import (
     GATEWAY_ADAPTERS,
@@ -30,18 +24,21 @@ from serving_contract.environment import (
     GATEWAY_MODEL_DIR,
     GATEWAY_ROUTING_TABLE,
     GATEWAY_SERVED_MODEL_NAME,
+    GATEWAY_SETTING,
 )
-from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
+from stacks.artifact_layout import ADAPTERS_DIR
 from stacks.container_image import repo_image_asset
-from stacks.model_endpoint import ModelData, ModelEndpointConstruct, add_model_endpoint
-from stacks.network import ModelNetwork
+from stacks.model_endpoint import EndpointPlacement, ModelEndpointConstruct, add_model_endpoint
 from stacks.settings import LlmEndpointSettings
 
 CUDA13_INFERENCE_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 """vLLM 0.33 wheels are built for CUDA 13: the host driver must be ≥ 580
 (docs/design-decisions.md#vllm-cuda-13-driver)."""
 
-MODEL_DIR = "/opt/ml/model"
+MODEL_DIR = str(GATEWAY_SETTING[GATEWAY_MODEL_DIR].default)
+"""Where SageMaker puts the model data: the contract's default model directory."""
+ENGINE = str(GATEWAY_SETTING[GATEWAY_ENGINE].default)
+"""The engine the container serves with: the contract's default (vLLM)."""
 LLM_IMAGE_SOURCES: tuple[str, ...] = (
     "containers/llm",
     "artifact_manifest",
@@ -58,25 +55,19 @@ LLM_IMAGE_SOURCES: tuple[str, ...] = (
 
 def container_environment(
     settings: LlmEndpointSettings,
-    plan: MemoryPlan,
+    capacity: LlmCapacity,
     *,
     endpoint_name: str,
     variant_name: str,
-    capacity: LlmCapacity | None = None,
 ) -> dict[str, str]:
-    """The serving container's environment: engine arguments from the GPU budget's plan,
-    admission from the capacity model (``capacity``, default: the settings'), the gateway's own
-    settings.
+    """The serving container's environment: engine arguments from the GPU budget's plan the
+    capacity plan was made from, admission from the capacity model (``capacity``: the
+    environment's, :class:`stacks.settings.EnvironmentPlans`), the gateway's own settings.
 
     ``ENGINE_*`` carry vLLM ``EngineArgs`` names upper-cased (:meth:`MemoryPlan.engine_env`),
     ``GATEWAY_*`` the gateway's own settings; SageMaker's environment is a string map.
     """
-    if capacity is None:
-        capacity = settings.capacity_plan()
-    if capacity.memory_plan != plan:
-        raise ValueError("container_environment: the capacity plan was derived from another "
-                         "GPU budget plan than the one given")
-    env = plan.engine_env(
+    env = capacity.memory_plan.engine_env(
         {
             "enable_prefix_caching": settings.engine.enable_prefix_caching,
             "enforce_eager": settings.engine.enforce_eager,
@@ -85,7 +76,7 @@ def container_environment(
     )
     env.update(
         {
-            GATEWAY_ENGINE: "vllm",
+            GATEWAY_ENGINE: ENGINE,
             GATEWAY_MODEL_DIR: MODEL_DIR,
             GATEWAY_SERVED_MODEL_NAME: settings.model.served_model_name,
             GATEWAY_ADAPTERS_DIR: f"{MODEL_DIR}/{ADAPTERS_DIR}",
@@ -108,7 +99,7 @@ class LlmEndpoint(ModelEndpointConstruct):
     ``make publish`` wrote); the engine settings are the GPU budget's plan; everything else is
     :func:`add_model_endpoint`'s secure defaults plus the CUDA 13 inference AMI. ``capacity`` is
     the environment's capacity plan (:class:`stacks.settings.EnvironmentPlans`), made once when the
-    settings loaded.
+    settings loaded; ``placement`` says where the endpoint goes (:class:`EndpointPlacement`).
     """
 
     def __init__(
@@ -118,50 +109,34 @@ class LlmEndpoint(ModelEndpointConstruct):
         *,
         settings: LlmEndpointSettings,
         capacity: LlmCapacity,
-        endpoint_name: str,
-        initial_instance_count: int,
-        artifact_bucket: s3.IBucket,
-        model_artifact: ModelArtifact,
-        encryption_key: kms.IKey,
-        network: ModelNetwork,
-        rollback_alarms: Sequence[cloudwatch.IAlarm],
-        variant_name: str = "AllTraffic",
+        placement: EndpointPlacement,
     ) -> None:
-        super().__init__(scope, id_)
-        self.endpoint_name = endpoint_name
-        self.variant_name = variant_name
+        super().__init__(scope, id_, placement=placement)
         self.capacity = capacity
         self.memory_plan = self.capacity.memory_plan
 
         self.ecr_image = repo_image_asset(
             self, "Image", dockerfile="containers/llm/Dockerfile", sources=LLM_IMAGE_SOURCES
         )
-        model_data = ModelData.of(artifact_bucket, model_artifact)
         self.resources = add_model_endpoint(
             self,
-            endpoint_name=endpoint_name,
-            variant_name=variant_name,
+            placement=placement,
             image=self.ecr_image,
-            model_data=model_data,
             environment=container_environment(
-                settings, self.memory_plan, endpoint_name=endpoint_name,
-                variant_name=variant_name, capacity=self.capacity,
+                settings, self.capacity, endpoint_name=placement.endpoint_name,
+                variant_name=placement.variant_name,
             ),
             instance_type=settings.instance_type,
-            initial_instance_count=initial_instance_count,
             inference_ami_version=CUDA13_INFERENCE_AMI,
             health=settings.health,
             deployment=settings.deployment,
-            encryption_key=encryption_key,
-            network=network,
-            rollback_alarms=rollback_alarms,
         )
         adapters = ", ".join(a.name for a in settings.adapters) or "none"
         self.add_outputs(
-            endpoint_name=endpoint_name,
+            endpoint_name=placement.endpoint_name,
             description=f"LLM endpoint; `model` may name an adapter ({adapters})",
             export_suffix="LlmEndpointName",
-            model_data=model_data,
+            model_data=placement.model_data,
             model_data_description="Model data: `make publish` uploads the base model here and "
             "each adapter to adapters/<directory>/",
         )

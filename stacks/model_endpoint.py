@@ -57,6 +57,28 @@ class ModelData:
 
 
 @dataclass(frozen=True)
+class EndpointPlacement:
+    """Where an endpoint goes and what it is deployed from, the same for both endpoints: its
+    name and variant, its first instance count, its model data (the artifact bucket and the
+    artifact's keys), the project key, the models' network and the alarms that roll a
+    deployment back. The serving stack builds one per endpoint."""
+
+    endpoint_name: str
+    initial_instance_count: int
+    artifact_bucket: s3.IBucket
+    model_artifact: ModelArtifact
+    encryption_key: kms.IKey
+    network: ModelNetwork
+    rollback_alarms: tuple[cloudwatch.IAlarm, ...]
+    variant_name: str = "AllTraffic"
+
+    @property
+    def model_data(self) -> ModelData:
+        """The endpoint's model data in the artifact bucket."""
+        return ModelData.of(self.artifact_bucket, self.model_artifact)
+
+
+@dataclass(frozen=True)
 class EndpointResources:
     """What :func:`add_model_endpoint` created."""
 
@@ -67,9 +89,16 @@ class EndpointResources:
 
 
 class ModelEndpointConstruct(Construct):
-    """Base of the endpoint constructs: the resources they built and the outputs operators use."""
+    """Base of the endpoint constructs: where the endpoint goes, the resources they built and
+    the outputs operators use."""
 
     resources: EndpointResources
+
+    def __init__(self, scope: Construct, id_: str, *, placement: EndpointPlacement) -> None:
+        super().__init__(scope, id_)
+        self.placement = placement
+        self.endpoint_name = placement.endpoint_name
+        self.variant_name = placement.variant_name
 
     @property
     def execution_role(self) -> ModelExecutionRole:
@@ -103,28 +132,24 @@ class ModelEndpointConstruct(Construct):
 def add_model_endpoint(
     scope: Construct,
     *,
-    endpoint_name: str,
-    variant_name: str,
+    placement: EndpointPlacement,
     image: ecr_assets.DockerImageAsset,
-    model_data: ModelData,
     environment: Mapping[str, str],
     instance_type: str,
-    initial_instance_count: int,
     inference_ami_version: str | None,
     health: HealthCheckSettings,
     deployment: DeploymentSettings,
-    encryption_key: kms.IKey,
-    network: ModelNetwork,
-    rollback_alarms: Sequence[cloudwatch.IAlarm],
 ) -> EndpointResources:
     """Create the role, model, endpoint config and endpoint inside ``scope``.
 
-    ``rollback_alarms`` roll a deployment back only where deployment guardrails apply: on an
-    instance type they exclude (Inf1) the endpoint gets none, rather than a rollback that
-    SageMaker would not perform.
+    The placement's ``rollback_alarms`` roll a deployment back only where deployment guardrails
+    apply: on an instance type they exclude (Inf1) the endpoint gets none, rather than a
+    rollback that SageMaker would not perform.
     """
+    endpoint_name, network = placement.endpoint_name, placement.network
+    model_data = placement.model_data
     guardrails = guardrails_supported(instance_type)
-    rollback_alarms = list(rollback_alarms) if guardrails else []
+    rollback_alarms = list(placement.rollback_alarms) if guardrails else []
     execution_role = ModelExecutionRole(
         scope,
         "ExecutionRole",
@@ -138,10 +163,10 @@ def add_model_endpoint(
     model = _model(scope, execution_role=execution_role, image=image, model_data=model_data,
                    environment=environment, network=network)
     endpoint_config = _endpoint_config(
-        scope, model=model, variant_name=variant_name, instance_type=instance_type,
-        initial_instance_count=initial_instance_count,
+        scope, model=model, variant_name=placement.variant_name, instance_type=instance_type,
+        initial_instance_count=placement.initial_instance_count,
         inference_ami_version=inference_ami_version, health=health,
-        encryption_key=encryption_key)
+        encryption_key=placement.encryption_key)
     endpoint = _endpoint(scope, endpoint_name=endpoint_name, endpoint_config=endpoint_config,
                          deployment=deployment, rollback_alarms=rollback_alarms)
     return EndpointResources(execution_role, model, endpoint_config, endpoint)
@@ -248,8 +273,6 @@ def _endpoint(scope: Construct, *, endpoint_name: str,
             else None,
         ),
     )
-    for alarm in rollback_alarms:
-        endpoint.node.add_dependency(alarm)
     for alarm in rollback_alarms:
         endpoint.node.add_dependency(alarm)
     return endpoint

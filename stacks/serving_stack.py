@@ -5,11 +5,12 @@ It only wires constructs together; each construct's module says what it builds a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
@@ -25,10 +26,11 @@ from stacks.alarm_rules import (
     intent_alarm_rules,
     llm_alarm_rules,
 )
-from stacks.artifact_layout import ArtifactLayout, artifact_layout
+from stacks.artifact_layout import ArtifactLayout, ModelArtifact, artifact_layout
 from stacks.dashboard import InferenceDashboard
 from stacks.intent_endpoint import IntentEndpoint
 from stacks.llm_endpoint import LlmEndpoint
+from stacks.model_endpoint import EndpointPlacement
 from stacks.model_tier import ModelTier
 from stacks.network import ModelNetwork
 from stacks.quantization_job import QuantizationJobResources
@@ -147,11 +149,10 @@ class ServingStack(cdk.Stack):
             rollback_rules=ROLLBACK_RULES, alarm_topic=parts.alarm_topic,
             build_endpoint=lambda scope, id_, rollback_alarms: LlmEndpoint(
                 scope, id_, settings=llm, capacity=plans.llm_capacity,
-                endpoint_name=llm_endpoint_name,
-                variant_name=VARIANT_NAME, initial_instance_count=llm.scaling.min_capacity,
-                artifact_bucket=parts.artifact_bucket, model_artifact=parts.layout.llm,
-                encryption_key=parts.encryption_key, network=self.network,
-                rollback_alarms=rollback_alarms),
+                placement=parts.placement(
+                    llm_endpoint_name, model_artifact=parts.layout.llm,
+                    initial_instance_count=llm.scaling.min_capacity, network=self.network,
+                    rollback_alarms=rollback_alarms)),
             scaling=llm.scaling, fleet=llm_fleet, scheduled_actions=scaling_plan.actions["llm"],
             capacity_metadata=plans.llm_capacity.template_metadata(),
             max_model_len=llm.max_model_len,
@@ -170,11 +171,11 @@ class ServingStack(cdk.Stack):
                                            max_capacity=intent.scaling.max_capacity),
             rollback_rules=INTENT_ROLLBACK_RULES, alarm_topic=parts.alarm_topic,
             build_endpoint=lambda scope, id_, rollback_alarms: IntentEndpoint(
-                scope, id_, settings=intent, endpoint_name=intent_endpoint_name,
-                variant_name=VARIANT_NAME, initial_instance_count=intent.scaling.min_capacity,
-                artifact_bucket=parts.artifact_bucket, model_artifact=parts.layout.intent,
-                encryption_key=parts.encryption_key, network=self.network,
-                rollback_alarms=rollback_alarms),
+                scope, id_, settings=intent,
+                placement=parts.placement(
+                    intent_endpoint_name, model_artifact=parts.layout.intent,
+                    initial_instance_count=intent.scaling.min_capacity, network=self.network,
+                    rollback_alarms=rollback_alarms)),
             scaling=intent.scaling, fleet=plans.intent_fleet,
             scheduled_actions=scaling_plan.actions["intent"],
             capacity_metadata=intent_fleet_metadata(plans.intent_fleet),
@@ -271,6 +272,18 @@ class _EndpointParts:
     layout: ArtifactLayout
     encryption_key: kms.IKey
     alarm_topic: sns.ITopic
+
+    def placement(self, endpoint_name: str, *, model_artifact: ModelArtifact,
+                  initial_instance_count: int, network: ModelNetwork,
+                  rollback_alarms: Sequence[cloudwatch.IAlarm]) -> EndpointPlacement:
+        """Where one endpoint goes: in the models' network, its data in the artifact bucket,
+        encrypted with the project key, in the variant :data:`VARIANT_NAME`."""
+        return EndpointPlacement(
+            endpoint_name=endpoint_name, variant_name=VARIANT_NAME,
+            initial_instance_count=initial_instance_count,
+            artifact_bucket=self.artifact_bucket, model_artifact=model_artifact,
+            encryption_key=self.encryption_key, network=network,
+            rollback_alarms=tuple(rollback_alarms))
 
 
 def intent_fleet_metadata(fleet: FleetPlan) -> dict[str, Any]:

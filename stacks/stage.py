@@ -12,7 +12,6 @@ from stacks.settings import (
     SERVING_STACK_ID,
     EnvironmentPlans,
     EnvironmentSettings,
-    plan_environment,
 )
 
 
@@ -20,18 +19,18 @@ class MangaAssistStage(cdk.Stage):
     """Every stack of one environment; ``cdk deploy "<stage_name>/*"`` deploys it.
 
     ``plans`` are the environment's plans made when its settings loaded
-    (:func:`stacks.settings.load_environment`); absent, they are made here from ``settings``.
+    (:func:`stacks.settings.load_environment`); the stacks plan nothing themselves.
     """
 
     def __init__(self, scope: Construct, *, settings: EnvironmentSettings,
-                 plans: EnvironmentPlans | None = None) -> None:
+                 plans: EnvironmentPlans) -> None:
         super().__init__(
             scope,
             settings.stage_name,
             env=cdk.Environment(account=settings.account, region=settings.region),
         )
         self.settings = settings
-        self.plans = plans if plans is not None else plan_environment(settings)
+        self.plans = plans
         self.foundation = FoundationStack(self, FOUNDATION_STACK_ID, settings=settings)
         self.serving = ServingStack(
             self,

@@ -12,6 +12,7 @@ import pytest
 
 if TYPE_CHECKING:
     from capacity_model import LlmCapacity
+    from stacks.settings import Environment
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -53,12 +54,18 @@ def read_assembly(outdir: Path) -> SynthesizedApp:
     return SynthesizedApp(outdir=outdir, templates=templates, template_paths=paths)
 
 
-@pytest.fixture(scope="module")
-def prod_capacity() -> LlmCapacity:
-    """Production's capacity plan as config/prod.yaml configures it."""
-    from stacks.settings import load_settings
+@pytest.fixture(scope="session")
+def prod_environment() -> Environment:
+    """config/prod.yaml loaded once per session: its settings and the plans made from them."""
+    from stacks.settings import load_environment
 
-    return load_settings("prod").llm.capacity_plan()
+    return load_environment("prod")
+
+
+@pytest.fixture(scope="session")
+def prod_capacity(prod_environment: Environment) -> LlmCapacity:
+    """Production's capacity plan as config/prod.yaml configures it (made when it loaded)."""
+    return prod_environment.plans.llm_capacity
 
 
 @pytest.fixture(scope="session")

@@ -150,8 +150,9 @@ def assert_same_engine_args(sized: MemoryPlan, kwargs: dict[str, Any]) -> None:
 def test_the_stacks_plan_reaches_vllm_unchanged(environment: str) -> None:
     """plan → container environment (the stack) → container settings → adapter kwargs."""
     llm = load_stack_settings(environment).llm
-    sized = llm.memory_plan()
-    env = container_environment(llm, sized, endpoint_name="e", variant_name="v")
+    capacity = llm.capacity_plan()
+    sized = capacity.memory_plan
+    env = container_environment(llm, capacity, endpoint_name="e", variant_name="v")
     kwargs = engine_arguments(load_gateway_settings(env))
     assert_same_engine_args(sized, kwargs)
     assert (kwargs["enable_prefix_caching"], kwargs["enforce_eager"]) == (

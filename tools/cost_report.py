@@ -49,7 +49,7 @@ from tools.scaling_sim.template import ScalingSetup, TemplateError, load_templat
 from tools.scaling_sim.traces import TYPICAL_WEEK_MONDAY, Trace, day_trace, week_trace
 
 if TYPE_CHECKING:
-    from stacks.settings import EnvironmentSettings
+    from stacks.settings import Environment, EnvironmentSettings
 
 HOURS_PER_WEEK = 7 * 24
 ENDPOINTS: tuple[str, ...] = ("llm", "intent")
@@ -289,18 +289,18 @@ class RangePoint:
     cost: EndpointCost
 
 
-def variant_settings(data: dict[str, Any], variant: RateVariant,
-                     source: str) -> EnvironmentSettings:
-    """The environment's settings with the LLM sized at ``variant``'s rates."""
-    from stacks.settings import parse_settings
+def variant_environment(data: dict[str, Any], variant: RateVariant,
+                        source: str) -> Environment:
+    """The environment with the LLM sized at ``variant``'s rates: its settings and plans."""
+    from stacks.settings import parse_environment
 
     edited = json.loads(json.dumps(data))
     edited["llm"].setdefault("capacity", {})["rates"] = {
         "scenario": variant.scenario, "prefill_factor": variant.prefill_factor}
-    return parse_settings(edited, source=f"{source} ({variant.name})")
+    return parse_environment(edited, source=f"{source} ({variant.name})")
 
 
-def synthesize_serving(settings: EnvironmentSettings, outdir: Path) -> dict[str, Any]:
+def synthesize_serving(environment: Environment, outdir: Path) -> dict[str, Any]:
     """The environment's Serving template, synthesized in process (no nag checks: a what-if)."""
     import aws_cdk as cdk
 
@@ -308,17 +308,18 @@ def synthesize_serving(settings: EnvironmentSettings, outdir: Path) -> dict[str,
     from stacks.synth import feature_flags
 
     app = cdk.App(outdir=str(outdir), context=feature_flags())
-    MangaAssistStage(app, settings=settings)
+    MangaAssistStage(app, settings=environment.settings, plans=environment.plans)
     app.synth()
-    return load_template(serving_template(outdir, settings.stage_name))
+    return load_template(serving_template(outdir, environment.settings.stage_name))
 
 
-def range_point(variant: RateVariant, settings: EnvironmentSettings, template: dict[str, Any],
+def range_point(variant: RateVariant, environment: Environment, template: dict[str, Any],
                 traces: dict[str, Trace], calendar_path: Path,
                 release_days_per_month: float) -> RangePoint:
     """Simulate and price the LLM of ``template`` (synthesized at ``variant``'s rates)."""
+    settings = environment.settings
     llm = settings.llm
-    capacity = llm.capacity_plan()
+    capacity = environment.plans.llm_capacity
     setup = scaling_setup(template, calendar_target="llm", scalable_target=target_logical_id(
         template, f"{settings.resource_prefix}-llm"))
     cost = endpoint_cost(endpoint="llm", setup=setup, week=traces["week"],
@@ -404,7 +405,7 @@ def _traces(endpoint: str, settings: EnvironmentSettings, calendar: ReleaseCalen
     }
 
 
-def price_range(settings: EnvironmentSettings, template: dict[str, Any],
+def price_range(environment: Environment, template: dict[str, Any],
                 traces: dict[str, Trace], calendar_path: Path,
                 release_days_per_month: float) -> list[RangePoint]:
     """The LLM priced at every :data:`RANGE_VARIANTS` point (the central one from ``template``,
@@ -413,17 +414,18 @@ def price_range(settings: EnvironmentSettings, template: dict[str, Any],
 
     from stacks.settings import CONFIG_DIR
 
+    settings = environment.settings
     data = yaml.safe_load((CONFIG_DIR / f"{settings.name}.yaml").read_text(encoding="utf-8"))
     points = []
     with tempfile.TemporaryDirectory(prefix="cost-range-") as scratch:
         for index, variant in enumerate(RANGE_VARIANTS):
             as_synthesized = variant.scenario == "central" and variant.prefill_factor == 1
-            variant_settings_ = (settings if as_synthesized else
-                                 variant_settings(data, variant, f"config/{settings.name}.yaml"))
+            sized = (environment if as_synthesized else
+                     variant_environment(data, variant, f"config/{settings.name}.yaml"))
             print(f"pricing the LLM at {variant.name} ...", file=sys.stderr)
             variant_template = (template if as_synthesized else synthesize_serving(
-                variant_settings_, Path(scratch) / str(index)))
-            points.append(range_point(variant, variant_settings_, variant_template, traces,
+                sized, Path(scratch) / str(index)))
+            points.append(range_point(variant, sized, variant_template, traces,
                                       calendar_path, release_days_per_month))
     return points
 
@@ -443,10 +445,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-range", action="store_true",
                         help="skip the price range over the GPU rates (saves four syntheses)")
     args = parser.parse_args(argv)
-    from stacks.settings import REPO_ROOT, SettingsError, load_settings
+    from stacks.settings import REPO_ROOT, SettingsError, load_environment
 
     try:
-        settings = load_settings(args.env)
+        environment = load_environment(args.env)
+        settings = environment.settings
         template_path = serving_template(args.assembly, settings.stage_name)
         template = load_template(template_path)
         calendar_path = REPO_ROOT / settings.release_calendar.file
@@ -479,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             delay_s=getattr(settings, endpoint).scaling.provisioning_delay_s,
             release_days_per_month=args.release_days_per_month))
     points = ([] if args.no_range else price_range(
-        settings, template, traces["llm"], calendar_path, args.release_days_per_month))
+        environment, template, traces["llm"], calendar_path, args.release_days_per_month))
     _report(settings, costs, points, plot=args.plot, json_path=args.json)
     return 0
 

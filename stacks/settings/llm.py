@@ -3,7 +3,7 @@ window, the capacity model's inputs, and the views the GPU budget and the capaci
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
@@ -12,7 +12,6 @@ from capacity_model import (
     ContextWindow,
     Conversation,
     DecodeSpeedTable,
-    FleetPlan,
     LatencySlo,
     LlmCapacity,
     ReuseInputs,
@@ -25,7 +24,12 @@ from gpu_budget.engine_args import DEFAULT_BLOCK_SIZE, ENGINE_ARG
 from intents import INTENT_LABELS
 from request_buckets import BucketName, RequestBucket, bucket_bounds
 from serving_contract import BASE_ROUTE, RESERVED_NAMES, SERVED_MODEL_NAME_PATTERN
-from serving_contract.environment import DEFAULT_CONTEXT_SPLIT
+from serving_contract.environment import (
+    DEFAULT_CONTEXT_SPLIT,
+    GATEWAY_ADMISSION_WATERMARK,
+    GATEWAY_CONTEXT_STEP_TURNS,
+    GATEWAY_SETTING,
+)
 from stacks.settings.aws import deployment_problem
 from stacks.settings.base import (
     CONFIG_DIR,
@@ -48,6 +52,24 @@ def _engine_table_choice(name: str, value: int) -> int:
     if value not in choices:
         raise ValueError(f"must be one of {', '.join(map(str, choices))}")
     return value
+
+
+def _contract_field(env: str, kind: type[int] | type[float], *, description: str) -> Any:
+    """A field set like the gateway's ``env``: the contract's default and bounds
+    (serving_contract/environment.py), so the stack cannot send a value the container refuses."""
+    spec = GATEWAY_SETTING[env]
+    bounds = spec.bounds
+    if spec.default is None or bounds is None or bounds.high is None:
+        raise ValueError(f"{env}: the contract gives it no default or no bounds")
+    low, high = _plain(bounds.low), _plain(bounds.high)
+    return Field(kind(spec.default), description=description,
+                 gt=low if bounds.low_open else None, ge=None if bounds.low_open else low,
+                 lt=high if bounds.high_open else None, le=None if bounds.high_open else high)
+
+
+def _plain(bound: float) -> float:
+    """A whole-number bound as an int (``ge=1``, not ``ge=1.0``)."""
+    return int(bound) if float(bound).is_integer() else bound
 
 
 class LoraAdapterSettings(StrictModel):
@@ -134,8 +156,8 @@ class ContextWindowSettings(StrictModel):
     rag: float = Field(DEFAULT_CONTEXT_SPLIT.rag, ge=0, le=1)
     history: float = Field(DEFAULT_CONTEXT_SPLIT.history, gt=0, le=1)
     output: float = Field(DEFAULT_CONTEXT_SPLIT.output, gt=0, le=1)
-    step_turns: int = Field(
-        6, ge=1, le=1000,
+    step_turns: int = _contract_field(
+        GATEWAY_CONTEXT_STEP_TURNS, int,
         description="Turns of the conversation's average size each step of the sliding window "
         "makes room for (GATEWAY_CONTEXT_STEP_TURNS; docs/design-decisions.md"
         "#prefix-stable-window).")
@@ -200,8 +222,8 @@ class LlmCapacitySettings(StrictModel):
     request_mix: dict[BucketName, BucketDemandSettings] = Field(
         description="Share and typical request of each request-size bucket (request_buckets)."
     )
-    admission_watermark: float = Field(
-        0.9, gt=0, le=1,
+    admission_watermark: float = _contract_field(
+        GATEWAY_ADMISSION_WATERMARK, float,
         description="Share of the KV pool one request may be expected to hold at its end "
         "(GATEWAY_ADMISSION_WATERMARK; more never fits), and the share the capacity model sizes "
         "the bucket caps and the KV limit within (each request at prompt + max_tokens).",
@@ -358,10 +380,6 @@ class LlmEndpointSettings(StrictModel):
                               scenario=self.capacity.rates.scenario,
                               prefill_factor=self.capacity.rates.prefill_factor),
         )
-
-    def fleet_plan(self) -> FleetPlan:
-        """The fleet part of :meth:`capacity_plan`."""
-        return self.capacity_plan().fleet
 
     def memory_plan(self, *, kv_cache_dtype: str | None = None,
                     instance: str | None = None) -> MemoryPlan:

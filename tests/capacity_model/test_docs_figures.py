@@ -9,9 +9,10 @@ import re
 
 import pytest
 
+from capacity_model import LlmCapacity
 from capacity_model.pools import evaluate_pools, seed_002_options
 from capacity_model.report import format_capacity, format_pools
-from stacks.settings import REPO_ROOT, load_settings
+from stacks.settings import REPO_ROOT, Environment
 
 CAPACITY_DOC = REPO_ROOT / "docs" / "capacity.md"
 README = REPO_ROOT / "README.md"
@@ -29,8 +30,8 @@ def quoted_plan_lines(path: object) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def printed() -> str:
-    return format_capacity(load_settings("prod").llm.capacity_plan())
+def printed(prod_capacity: LlmCapacity) -> str:
+    return format_capacity(prod_capacity)
 
 
 @pytest.mark.parametrize("path", [CAPACITY_DOC, README], ids=["capacity.md", "README"])
@@ -41,9 +42,9 @@ def test_every_quoted_plan_line_is_printed_now(path: object, printed: str) -> No
     assert stale == [], f"quoted plan lines the model no longer prints: {stale}"
 
 
-def test_the_pool_table_is_what_pools_prints() -> None:
-    settings = load_settings("prod").llm
-    table = format_pools(evaluate_pools(settings.capacity_plan(), settings.memory_plan,
+def test_the_pool_table_is_what_pools_prints(prod_environment: Environment) -> None:
+    settings = prod_environment.settings.llm
+    table = format_pools(evaluate_pools(prod_environment.plans.llm_capacity, settings.memory_plan,
                                         settings.decode_speed_table(),
                                         seed_002_options(settings.instance_type,
                                                          "ml.g6e.xlarge")))

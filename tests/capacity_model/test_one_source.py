@@ -22,7 +22,13 @@ import pytest
 import yaml
 
 from capacity_model import FleetPlan, LlmCapacity
-from stacks.settings import REPO_ROOT, EnvironmentSettings, ScalingSettings, parse_settings
+from stacks.settings import (
+    REPO_ROOT,
+    Environment,
+    ScalingSettings,
+    parse_environment,
+    parse_settings,
+)
 from stacks.stage import MangaAssistStage
 from stacks.synth import feature_flags
 from tests.conftest import read_assembly
@@ -54,17 +60,16 @@ def moved_prod() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def variants(synthesized, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
-             ) -> dict[str, tuple[EnvironmentSettings, dict[str, Any]]]:
+def variants(synthesized, prod_environment: Environment,  # type: ignore[no-untyped-def]
+             tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, tuple[Environment, dict[str, Any]]]:
     """Production as shipped (the session's synthesis) and moved (synthesized here)."""
-    from stacks.settings import load_settings
-
-    moved = parse_settings(moved_prod(), source="prod (moved)")
+    moved = parse_environment(moved_prod(), source="prod (moved)")
     outdir = tmp_path_factory.mktemp("moved")
     app = cdk.App(outdir=str(outdir), context=feature_flags())
-    MangaAssistStage(app, settings=moved)
+    MangaAssistStage(app, settings=moved.settings, plans=moved.plans)
     app.synth()
-    return {"shipped": (load_settings("prod"), synthesized.template("Prod/Serving")),
+    return {"shipped": (prod_environment, synthesized.template("Prod/Serving")),
             "moved": (moved, read_assembly(Path(outdir)).template("Prod/Serving"))}
 
 
@@ -75,8 +80,8 @@ def llm_target(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_moved_inputs_move_every_derived_number(variants: dict[str, Any]) -> None:
-    shipped = variants["shipped"][0].llm.capacity_plan()
-    moved = variants["moved"][0].llm.capacity_plan()
+    shipped = variants["shipped"][0].plans.llm_capacity
+    moved = variants["moved"][0].plans.llm_capacity
     assert shipped.instance.gateway_bucket_caps() != moved.instance.gateway_bucket_caps()
     assert shipped.instance.sustainable_invocations_per_min != (
         moved.instance.sustainable_invocations_per_min)
@@ -91,8 +96,9 @@ def test_the_moved_inputs_move_every_derived_number(variants: dict[str, Any]) ->
 
 @pytest.mark.parametrize("variant", ["shipped", "moved"])
 def test_the_gateway_admits_what_the_model_sized(variants: dict[str, Any], variant: str) -> None:
-    settings, template = variants[variant]
-    capacity: LlmCapacity = settings.llm.capacity_plan()
+    environment, template = variants[variant]
+    settings = environment.settings
+    capacity: LlmCapacity = environment.plans.llm_capacity
     (model,) = resources(template, "AWS::SageMaker::Model", "LlmEndpoint").values()
     env = model["Properties"]["PrimaryContainer"]["Environment"]
     assert env["GATEWAY_BUCKET_CAPS"] == capacity.instance.gateway_bucket_caps()
@@ -104,8 +110,8 @@ def test_the_gateway_admits_what_the_model_sized(variants: dict[str, Any], varia
 
 @pytest.mark.parametrize("variant", ["shipped", "moved"])
 def test_scaling_numbers_are_the_fleet_plans(variants: dict[str, Any], variant: str) -> None:
-    settings, template = variants[variant]
-    fleet: FleetPlan = settings.llm.fleet_plan()
+    environment, template = variants[variant]
+    fleet: FleetPlan = environment.plans.llm_fleet
     target = llm_target(template)
     policies = list(properties(template, "AWS::ApplicationAutoScaling::ScalingPolicy",
                                "LlmScaling").values())
@@ -143,8 +149,9 @@ def test_scaling_numbers_are_the_fleet_plans(variants: dict[str, Any], variant: 
 def test_the_simulator_and_the_cost_report_read_the_models_figures_from_the_template(
     variants: dict[str, Any], variant: str,
 ) -> None:
-    settings, template = variants[variant]
-    capacity = settings.llm.capacity_plan()
+    environment, template = variants[variant]
+    settings = environment.settings
+    capacity = environment.plans.llm_capacity
     setup = scaling_setup(template, calendar_target="llm")
     params = simulation_params(setup, delay_min=6, capacity_override=None, instance_type=None,
                                usd_override=None)
@@ -160,8 +167,9 @@ def test_the_simulator_and_the_cost_report_read_the_models_figures_from_the_temp
 @pytest.mark.parametrize("variant", ["shipped", "moved"])
 def test_the_alarms_and_the_dashboard_draw_the_models_numbers(variants: dict[str, Any],
                                                              variant: str) -> None:
-    settings, template = variants[variant]
-    fleet = settings.llm.fleet_plan()
+    environment, template = variants[variant]
+    settings = environment.settings
+    fleet = environment.plans.llm_fleet
     alarms = {r["Properties"]["AlarmName"]: r["Properties"]
               for r in template["Resources"].values()
               if r["Type"] == "AWS::CloudWatch::Alarm" and "AlarmName" in r["Properties"]}

@@ -68,7 +68,7 @@ def test_locale_routes_round_trip(routes: dict[str, dict[str, str]]) -> None:
 def test_what_the_stack_writes_is_what_the_gateway_reads(environment: str) -> None:
     """The real producer and consumer, on each environment's configuration."""
     llm = load_stack_settings(environment).llm
-    env = container_environment(llm, llm.memory_plan(), endpoint_name="e", variant_name="v")
+    env = container_environment(llm, llm.capacity_plan(), endpoint_name="e", variant_name="v")
     gateway = load_settings(env).gateway
     assert [(a.name, a.directory) for a in gateway.adapters] == \
         [(a.name, a.folder) for a in llm.adapters]

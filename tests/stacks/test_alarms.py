@@ -15,7 +15,7 @@ from stacks.alarm_rules import (
     llm_alarm_rules,
 )
 from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule
-from stacks.settings import EndpointAlarmSettings, load_settings
+from stacks.settings import EndpointAlarmSettings, Environment, load_settings
 
 PREFIX = "manga-assist-prod-llm"
 INTENT_PREFIX = "manga-assist-prod-intent"
@@ -91,10 +91,10 @@ def test_llm_rollback_alarms_are_the_latency_slos_5xx_and_oom(prod: dict[str, An
 
 
 def test_release_window_rejections_is_a_ticket_in_release_windows_only(
-    alarms: dict[str, dict[str, Any]],
+    alarms: dict[str, dict[str, Any]], prod_environment: Environment,
 ) -> None:
-    settings = load_settings("prod")
-    fleet = settings.llm.fleet_plan()
+    settings = prod_environment.settings
+    fleet = prod_environment.plans.llm_fleet
     daily_minimum = max(floor.min_capacity for floor in fleet.floors)
     alarm = alarms[f"{PREFIX}-release-window-rejections"]
     (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]

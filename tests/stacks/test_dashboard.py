@@ -23,6 +23,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Template
 
 import metrics_contract as mc
+from capacity_model import FleetPlan
 from gpu_budget import PRICE_REGION, PRICES_COMPILED_ON, instance_type
 from intents import INTENT_LABELS
 from stacks.alarm_rules import (
@@ -33,7 +34,7 @@ from stacks.alarm_rules import (
 )
 from stacks.alarms import AlarmSet, EndpointAlarms
 from stacks.dashboard import DashboardEndpoint, InferenceDashboard, dashboard_metric
-from stacks.settings import EndpointAlarmSettings, EnvironmentSettings, load_settings
+from stacks.settings import EndpointAlarmSettings, Environment, EnvironmentSettings
 
 LLM_TITLE = "LLM (vLLM on ml.g5.xlarge)"
 INTENT_TITLE = "Intent (DistilBERT on ml.inf1.xlarge)"
@@ -157,6 +158,7 @@ class Built:
     body: dict[str, Any]
     template: dict[str, Any]
     settings: EnvironmentSettings
+    fleet: FleetPlan
     stack: cdk.Stack
     llm_alarms: EndpointAlarms
     intent_alarms: EndpointAlarms
@@ -174,7 +176,7 @@ class Built:
         return found[0]
 
 
-def build_alarms(scope: cdk.Stack, settings: EnvironmentSettings
+def build_alarms(scope: cdk.Stack, settings: EnvironmentSettings, fleet: FleetPlan
                  ) -> tuple[EndpointAlarms, EndpointAlarms, sns.Topic]:
     topic = sns.Topic(scope, "AlarmTopic")
     gpu_count = instance_type(settings.llm.instance_type).gpu_count
@@ -182,8 +184,7 @@ def build_alarms(scope: cdk.Stack, settings: EnvironmentSettings
         scope, "LlmAlarms", endpoint_name=LLM_ENDPOINT, variant_name=VARIANT,
         rules=llm_alarm_rules(settings.llm.alarms, gpu_count=gpu_count,
                               max_capacity=settings.llm.scaling.max_capacity,
-                              daily_minimum=max(f.min_capacity
-                                                for f in settings.llm.fleet_plan().floors)),
+                              daily_minimum=max(f.min_capacity for f in fleet.floors)),
         alarm_topic=topic,
     )
     intent_alarms = EndpointAlarms(
@@ -195,27 +196,27 @@ def build_alarms(scope: cdk.Stack, settings: EnvironmentSettings
     return llm_alarms, intent_alarms, topic
 
 
-def endpoints(settings: EnvironmentSettings, llm_alarms: EndpointAlarms,
+def endpoints(settings: EnvironmentSettings, fleet: FleetPlan, llm_alarms: EndpointAlarms,
               intent_alarms: EndpointAlarms) -> list[DashboardEndpoint]:
     return [
         DashboardEndpoint(title=LLM_TITLE, endpoint_name=LLM_ENDPOINT, variant_name=VARIANT,
                           kind="llm", instance_type=settings.llm.instance_type,
-                          scaling=settings.llm.scaling, fleet=settings.llm.fleet_plan(),
+                          scaling=settings.llm.scaling, fleet=fleet,
                           alarms=llm_alarms, max_model_len=settings.llm.max_model_len),
         DashboardEndpoint(title=INTENT_TITLE, endpoint_name=INTENT_ENDPOINT,
                           variant_name=VARIANT, kind="intent", instance_type=INTENT_INSTANCE,
-                          scaling=settings.llm.scaling, fleet=settings.llm.fleet_plan(),
+                          scaling=settings.llm.scaling, fleet=fleet,
                           alarms=intent_alarms),
     ]
 
 
 @pytest.fixture(scope="module")
-def built() -> Built:
-    settings = load_settings("prod")
+def built(prod_environment: Environment) -> Built:
+    settings, fleet = prod_environment.settings, prod_environment.plans.llm_fleet
     app = cdk.App()
     stack = cdk.Stack(app, "DashboardTest",
                       env=cdk.Environment(account=settings.account, region=settings.region))
-    llm_alarms, intent_alarms, topic = build_alarms(stack, settings)
+    llm_alarms, intent_alarms, topic = build_alarms(stack, settings, fleet)
     function = lambda_.Function(
         stack, "CalendarFunction", runtime=lambda_.Runtime.PYTHON_3_12,
         handler="index.handler", code=lambda_.Code.from_inline("def handler(event, context):\n"
@@ -229,7 +230,7 @@ def built() -> Built:
     )
     InferenceDashboard(
         stack, "Dashboard", dashboard_name=f"{settings.resource_prefix}-inference",
-        endpoints=endpoints(settings, llm_alarms, intent_alarms),
+        endpoints=endpoints(settings, fleet, llm_alarms, intent_alarms),
         calendar_function_name=function.function_name, calendar_environment=settings.name,
         calendar_alarms=calendar_alarms, calendar_failed_runs_queue_name=FAILED_RUNS_QUEUE,
     )
@@ -238,7 +239,7 @@ def built() -> Built:
                   if r["Type"] == "AWS::CloudWatch::Dashboard"]
     assert len(dashboards) == 1
     return Built(body=render_body(dashboards[0]["Properties"]["DashboardBody"]),
-                 template=template, settings=settings, stack=stack, llm_alarms=llm_alarms,
+                 template=template, settings=settings, fleet=fleet, stack=stack, llm_alarms=llm_alarms,
                  intent_alarms=intent_alarms, calendar_alarms=calendar_alarms,
                  function=function)
 
@@ -393,7 +394,7 @@ def test_an_llm_section_needs_the_context_window(built: Built) -> None:
         DashboardEndpoint(title="x", endpoint_name="e", variant_name="v", kind="llm",
                           instance_type=built.settings.llm.instance_type,
                           scaling=built.settings.llm.scaling,
-                          fleet=built.settings.llm.fleet_plan(), alarms=built.llm_alarms)
+                          fleet=built.fleet, alarms=built.llm_alarms)
 
 
 def test_intent_predictions_one_metric_per_intent_label(built: Built) -> None:
@@ -416,7 +417,7 @@ def test_instances_vs_schedule_uses_the_alarm_expression_and_the_settings(
     built: Built, title: str,
 ) -> None:
     scaling = built.settings.llm.scaling
-    fleet = built.settings.llm.fleet_plan()
+    fleet = built.fleet
     widget = built.widget(title, "Instances vs schedule")
     expression, inputs = _math_widget(widget)
     assert expression.expression == INSTANCE_COUNT_EXPRESSION
@@ -449,7 +450,7 @@ def test_instances_vs_schedule_draws_the_range_in_force_the_alarm_compares_with(
 
 
 def test_invocations_per_instance_against_the_scaling_target(built: Built) -> None:
-    fleet = built.settings.llm.fleet_plan()
+    fleet = built.fleet
     widget = built.widget(LLM_TITLE, "Invocations per instance vs scaling target")
     expression, inputs = _math_widget(widget)
     assert expression.expression == "perinstance / (PERIOD(perinstance) / 60)"
@@ -523,12 +524,12 @@ def test_dashboard_is_named_for_the_environment(built: Built) -> None:
 
 # --- refusals ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def unsynthesized() -> tuple[cdk.Stack, list[DashboardEndpoint]]:
+def unsynthesized(prod_environment: Environment) -> tuple[cdk.Stack, list[DashboardEndpoint]]:
     """A second stack, never synthesized, for constructor refusals (cheap: no synth)."""
-    settings = load_settings("prod")
+    settings, fleet = prod_environment.settings, prod_environment.plans.llm_fleet
     stack = cdk.Stack(cdk.App(), "Refusals")
-    llm_alarms, intent_alarms, _topic = build_alarms(stack, settings)
-    return stack, endpoints(settings, llm_alarms, intent_alarms)
+    llm_alarms, intent_alarms, _topic = build_alarms(stack, settings, fleet)
+    return stack, endpoints(settings, fleet, llm_alarms, intent_alarms)
 
 
 def test_refuses_a_bad_dashboard_name(unsynthesized: tuple[cdk.Stack, list[Any]]) -> None:

@@ -11,7 +11,13 @@ import pytest
 import yaml
 
 from stacks.intent_endpoint import INTENT_IMAGE_SOURCES
-from stacks.settings import REPO_ROOT, load_settings, parse_settings
+from stacks.settings import (
+    REPO_ROOT,
+    Environment,
+    load_settings,
+    parse_environment,
+    parse_settings,
+)
 from stacks.stage import MangaAssistStage
 from stacks.synth import feature_flags
 from tests.support.templates import only
@@ -78,12 +84,12 @@ def test_role_reads_only_the_archive_folder(prod: dict[str, Any]) -> None:
 
 
 def test_scaling_keeps_two_instances_off_peak_and_follows_the_calendar(
-    prod: dict[str, Any],
+    prod: dict[str, Any], prod_environment: Environment,
 ) -> None:
     target = only(prod, "AWS::ApplicationAutoScaling::ScalableTarget", "IntentScaling")[1]
     assert target["ResourceId"] == "endpoint/manga-assist-prod-intent/variant/AllTraffic"
     actions = {a["ScheduledActionName"]: a for a in target["ScheduledActions"]}
-    fleet = load_settings("prod").intent.fleet_plan()
+    fleet = prod_environment.plans.intent_fleet
     # Two warm instances at night (docs/design-decisions.md#intent-on-inferentia): the night's traffic needs fewer.
     assert fleet.off_peak.min_capacity == 2
     assert actions["floor-off-peak"]["ScalableTargetAction"] == {
@@ -124,9 +130,9 @@ def test_inf2_selects_the_inf2_image_and_instance(tmp_path: Path) -> None:
     data = yaml.safe_load((REPO_ROOT / "config" / "dev.yaml").read_text())
     data["intent"].update(target="inf2", instance_type="ml.inf2.xlarge",
                           artifact_key="models/intent/distilbert-manga-intent-inf2/model.tar.gz")
-    settings = parse_settings(data, source="dev (inf2)")
+    environment = parse_environment(data, source="dev (inf2)")
     app = cdk.App(outdir=str(tmp_path), context=feature_flags())
-    stage = MangaAssistStage(app, settings=settings)
+    stage = MangaAssistStage(app, settings=environment.settings, plans=environment.plans)
     app.synth()
     template = json.loads(
         (tmp_path / "assembly-Dev" / stage.serving.template_file).read_text())

@@ -10,7 +10,7 @@ from aws_cdk.assertions import Match, Template
 
 from gpu_budget import instance_type
 from stacks.llm_endpoint import CUDA13_INFERENCE_AMI, LLM_IMAGE_SOURCES, container_environment
-from stacks.settings import load_settings
+from stacks.settings import load_environment, load_settings
 from tests.support.templates import only
 
 
@@ -25,11 +25,11 @@ def serving(synthesized, stage: str) -> dict[str, Any]:  # type: ignore[no-untyp
 
 
 def test_container_environment_is_the_budget_plan(serving: dict[str, Any], stage: str) -> None:
-    settings = load_settings(stage.lower())
-    plan = settings.llm.memory_plan()
+    environment = load_environment(stage.lower())
+    settings, plan = environment.settings, environment.plans.llm_memory
     env = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
     expected = container_environment(
-        settings.llm, plan, endpoint_name=f"manga-assist-{stage.lower()}-llm",
+        settings.llm, environment.plans.llm_capacity, endpoint_name=f"manga-assist-{stage.lower()}-llm",
         variant_name="AllTraffic",
     )
     assert env == expected
@@ -55,8 +55,8 @@ def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
     from gateway import settings as gateway_settings
     from request_buckets import RequestBucket
 
-    llm = load_settings(stage.lower()).llm
-    capacity = llm.capacity_plan()
+    environment = load_environment(stage.lower())
+    llm, capacity = environment.settings.llm, environment.plans.llm_capacity
     env = llm_resource(serving, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
     assert env["GATEWAY_BUCKET_CAPS"] == capacity.instance.gateway_bucket_caps()
     loaded = gateway_settings.load_settings(env).gateway

@@ -9,14 +9,16 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 
 from stacks.model_tier import INVOKE_ACTIONS, ModelTier
-from stacks.settings import load_settings
+from stacks.settings import load_environment, load_settings
 from stacks.stage import MangaAssistStage
 from stacks.synth import feature_flags
 
 
 @pytest.fixture(scope="module")
 def stage() -> MangaAssistStage:
-    return MangaAssistStage(cdk.App(context=feature_flags()), settings=load_settings("dev"))
+    dev = load_environment("dev")
+    return MangaAssistStage(cdk.App(context=feature_flags()), settings=dev.settings,
+                            plans=dev.plans)
 
 
 def test_the_parts_keep_their_ids_in_the_stack(stage: MangaAssistStage) -> None:

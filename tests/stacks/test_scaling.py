@@ -10,12 +10,19 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from capacity_model import FleetPlan, LlmCapacity
 from release_calendar import build_static_schedule, parse_schedule
 from stacks.settings import REPO_ROOT, load_settings
 from tests.support.templates import resources
 
 RESOURCE_ID = {"Dev": "endpoint/manga-assist-dev-llm/variant/AllTraffic",
                "Prod": "endpoint/manga-assist-prod-llm/variant/AllTraffic"}
+
+
+@pytest.fixture(scope="module")
+def fleet(prod_capacity: LlmCapacity) -> FleetPlan:
+    """Production's LLM fleet plan (part of the capacity plan made when its settings loaded)."""
+    return prod_capacity.fleet
 
 
 def scalable_target(template: dict[str, Any]) -> dict[str, Any]:
@@ -86,9 +93,8 @@ def tracking(template: dict[str, Any], metric: str) -> dict[str, Any]:
 
 
 def test_target_tracking_on_invocations_per_instance_at_the_capacity_models_target(
-    prod: dict[str, Any],
+    prod: dict[str, Any], fleet: FleetPlan,
 ) -> None:
-    fleet = load_settings("prod").llm.fleet_plan()
     config = tracking(prod, "SageMakerVariantInvocationsPerInstance")
     assert config["TargetValue"] == fleet.target_invocations_per_instance_per_min
     # sustainable ÷ (1 + headroom), rounded down to a whole invocation per minute
@@ -98,7 +104,7 @@ def test_target_tracking_on_invocations_per_instance_at_the_capacity_models_targ
 
 
 def test_high_resolution_concurrency_tracking_as_application_auto_scaling_accepts_it(
-    prod: dict[str, Any],
+    prod: dict[str, Any], prod_capacity: LlmCapacity,
 ) -> None:
     """SageMaker Developer Guide, "Define a scaling policy"
     (https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-add-code-define.html),
@@ -111,7 +117,7 @@ def test_high_resolution_concurrency_tracking_as_application_auto_scaling_accept
     emitted every 10 seconds instead of every minute, so the policy scales out sooner and scales
     in at the standard metrics' pace. The target is therefore a number of requests per model,
     not a rate, and needs no customized metric."""
-    capacity = load_settings("prod").llm.capacity_plan()
+    capacity = prod_capacity
     config = tracking(prod, "SageMakerVariantConcurrentRequestsPerModelHighResolution")
     assert set(config) == {"PredefinedMetricSpecification", "TargetValue", "ScaleInCooldown",
                            "ScaleOutCooldown"}
@@ -140,8 +146,7 @@ def test_high_resolution_concurrency_tracking_as_application_auto_scaling_accept
     assert len(set(metrics)) == len(metrics)
 
 
-def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
-    fleet = load_settings("prod").llm.fleet_plan()
+def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any], fleet: FleetPlan) -> None:
     (policy,) = [r["Properties"] for k, r in prod["Resources"].items()
                  if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
                  and r["Properties"]["PolicyType"] == "StepScaling" and k.startswith("LlmScaling")]
@@ -156,7 +161,8 @@ def test_step_scaling_adds_2_4_8_by_band(prod: dict[str, Any]) -> None:
     assert steps == [(0, threshold, 2), (threshold, 3 * threshold, 4), (3 * threshold, None, 8)]
 
 
-def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any]) -> None:
+def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any],
+                                                           fleet: FleetPlan) -> None:
     alarms = [a["Properties"] for a in resources(prod, "AWS::CloudWatch::Alarm").values()
               if a["Properties"].get("MetricName") == "InvocationsPerInstance"
               and {"Name": "EndpointName", "Value": "manga-assist-prod-llm"}
@@ -165,8 +171,7 @@ def test_step_alarm_is_one_minute_invocations_per_instance(prod: dict[str, Any])
     assert alarm["Namespace"] == "AWS/SageMaker"
     assert alarm["Period"] == 60 and alarm["EvaluationPeriods"] == 1
     assert alarm["Statistic"] == "Sum"
-    assert alarm["Threshold"] == load_settings("prod").llm.fleet_plan(
-    ).step_threshold_invocations_per_instance_per_min
+    assert alarm["Threshold"] == fleet.step_threshold_invocations_per_instance_per_min
     assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
     assert sorted(d["Name"] for d in alarm["Dimensions"]) == ["EndpointName", "VariantName"]
 
@@ -176,8 +181,7 @@ def scheduled(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {a["ScheduledActionName"]: a for a in actions}
 
 
-def test_daily_floors_in_tokyo_time_with_minutes(prod: dict[str, Any]) -> None:
-    fleet = load_settings("prod").llm.fleet_plan()
+def test_daily_floors_in_tokyo_time_with_minutes(prod: dict[str, Any], fleet: FleetPlan) -> None:
     actions = scheduled(prod)
     off_peak, business = actions["floor-off-peak"], actions["floor-business-hours"]
     assert off_peak["Schedule"] == "cron(0 1 * * ? *)"
@@ -201,10 +205,9 @@ def test_every_calendar_prescale_has_its_restore(prod: dict[str, Any]) -> None:
 
 
 def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
-    prod: dict[str, Any],
+    prod: dict[str, Any], fleet: FleetPlan,
 ) -> None:
     actions = scheduled(prod)
-    fleet = load_settings("prod").llm.fleet_plan()
     jump = actions["calendar-weekly-shonen-jump-prescale"]
     assert jump["Schedule"] == "cron(0 16 ? * MON *)"  # 18:00 release − 2 h lead
     # ceil(busiest hour × 2.0 ÷ sustainable × (1 + headroom)); max stays at the target's own.
@@ -218,8 +221,8 @@ def test_weekly_releases_prescale_two_hours_ahead_to_the_computed_capacity(
         "cron(0 22 ? * FRI *)")
 
 
-def test_synthesized_actions_are_exactly_the_calendar_expansion(prod: dict[str, Any]) -> None:
-    fleet = load_settings("prod").llm.fleet_plan()
+def test_synthesized_actions_are_exactly_the_calendar_expansion(prod: dict[str, Any],
+                                                                 fleet: FleetPlan) -> None:
     text = (REPO_ROOT / "config" / "release_calendar.yaml").read_text()
     plan = build_static_schedule(text, {"llm": fleet.calendar_model()})
     expected = {a.name: (a.schedule, a.min_capacity, a.max_capacity) for a in plan.for_target("llm")}
@@ -244,14 +247,13 @@ def calendar_function(template: dict[str, Any]) -> dict[str, Any]:
     return function["Properties"]
 
 
-def test_calendar_lambda_configuration(prod: dict[str, Any]) -> None:
+def test_calendar_lambda_configuration(prod: dict[str, Any], fleet: FleetPlan) -> None:
     function = calendar_function(prod)
     env = function["Environment"]["Variables"]
     assert env["SCALABLE_TARGET_LLM"] == RESOURCE_ID["Prod"]
     assert env["HORIZON_DAYS"] == "14" and env["ENVIRONMENT"] == "prod"
     assert env["DRY_RUN"] == "false"
     models = json.loads(env["CALENDAR_CAPACITY_MODELS"])
-    fleet = load_settings("prod").llm.fleet_plan()
     assert models["llm"]["base_invocations_per_min"] == fleet.release_base_invocations_per_min
     assert models["llm"]["per_instance_invocations_per_min"] == (
         fleet.per_instance_invocations_per_min)

@@ -134,7 +134,6 @@ def test_the_stacks_build_from_the_plans_made_at_load(monkeypatch: pytest.Monkey
 
     for model, method in ((LlmEndpointSettings, "capacity_plan"),
                           (LlmEndpointSettings, "memory_plan"),
-                          (LlmEndpointSettings, "fleet_plan"),
                           (IntentEndpointSettings, "fleet_plan")):
         monkeypatch.setattr(model, method, refuse)
     stage = MangaAssistStage(cdk.App(context=feature_flags()), settings=environment.settings,

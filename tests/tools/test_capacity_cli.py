@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from capacity_model import parse_decode_table
-from stacks.settings import REPO_ROOT, load_settings
+from capacity_model import LlmCapacity, parse_decode_table
+from stacks.settings import REPO_ROOT, load_environment, load_settings
 from tools.capacity.cli import main
 
 
-def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str],
+                                          prod_capacity: LlmCapacity) -> None:
     assert main(["plan", "--env", "prod"]) == 0
     out = capsys.readouterr().out
-    capacity = load_settings("prod").llm.capacity_plan()
+    capacity = prod_capacity
     fleet = capacity.fleet
     for fragment in (
         "Gateway admission caps per instance (GATEWAY_BUCKET_CAPS)",
@@ -48,7 +49,7 @@ def test_pools_prints_the_options(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_as_json_carries_the_gateway_environment(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--env", "dev", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    capacity = load_settings("dev").llm.capacity_plan()
+    capacity = load_environment("dev").plans.llm_capacity
     assert data["gateway_environment"]["GATEWAY_BUCKET_CAPS"] == (
         capacity.instance.gateway_bucket_caps())
     assert data["fleet"]["target_invocations_per_instance_per_min"] == (

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from lambdas.scaling_limits import handler as limits_lambda
-from stacks.settings import load_settings
+from stacks.settings import load_environment, load_settings
 from tools.scaling_sim.__main__ import DEFAULT_CALENDAR, dated_actions, simulation_params
 from tools.scaling_sim.alarm import find_alarm, metric_key, metrics_from_emf
 from tools.scaling_sim.engine import MinuteSample, simulate
@@ -159,7 +159,8 @@ def sagemaker_metrics(samples: Sequence[MinuteSample], endpoint: str
 def replay(synthesized: Any, stage: str, target: str, timeline: str, calendar: Path,
            skip_published: Callable[[int], bool] | None = None,
            alarm_rule: str = "capacity-pinned-at-max") -> Replayed:
-    settings = load_settings(stage.lower())
+    environment = load_environment(stage.lower())
+    settings, plans = environment.settings, environment.plans
     endpoint_settings = settings.llm if target == "llm" else settings.intent
     scaling = endpoint_settings.scaling
     endpoint = f"{settings.resource_prefix}-{target}"
@@ -169,7 +170,7 @@ def replay(synthesized: Any, stage: str, target: str, timeline: str, calendar: P
                      if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
                      and r["Properties"]["ResourceId"] == resource_id]
     setup = scaling_setup(template, scalable_target=logical_id)
-    fleet = endpoint_settings.fleet_plan()
+    fleet = plans.llm_fleet if target == "llm" else plans.intent_fleet
     start, load = TIMELINES[timeline](fleet.off_peak.max_capacity)
     per_instance_target = fleet.target_invocations_per_instance_per_min
     trace = Trace(name=f"{timeline}-{target}", description="", start=start,
@@ -211,9 +212,8 @@ def test_pages_exactly_when_pinned_at_the_maximum_in_force(
 ) -> None:
     run = replay(synthesized, stage, target, timeline, release_calendar)
     assert run.states == expected_states(run.samples, run.minutes_pinned)
-    settings = load_settings(stage.lower())
-    night_max = (settings.llm if target == "llm" else settings.intent).fleet_plan(
-    ).off_peak.max_capacity
+    plans = load_environment(stage.lower()).plans
+    night_max = (plans.llm_fleet if target == "llm" else plans.intent_fleet).off_peak.max_capacity
     paged_at = {s.max_capacity for s, state in zip(run.samples, run.states, strict=True)
                 if state == "ALARM"}
     # Both timelines end up capped by the off-peak ceiling, and that is what pages.
@@ -222,7 +222,7 @@ def test_pages_exactly_when_pinned_at_the_maximum_in_force(
 
 def night_ceiling() -> int:
     """Production's night maximum, as the capacity model derives it."""
-    return load_settings("prod").llm.fleet_plan().off_peak.max_capacity
+    return load_environment("prod").plans.llm_fleet.off_peak.max_capacity
 
 
 def registered_max() -> int:

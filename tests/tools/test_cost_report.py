@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from capacity_model import LlmCapacity
 from gpu_budget import instance_type
 from release_calendar import parse_calendar
 from release_calendar.model import ReleaseCalendar
@@ -81,7 +82,8 @@ def test_a_typical_week_has_the_weekly_releases_and_no_dated_one() -> None:
 
 
 def test_make_cost_on_the_synthesized_prod(synthesized, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+                                           capsys: pytest.CaptureFixture[str],
+                                           prod_capacity: LlmCapacity) -> None:
     plot, figures = tmp_path / "cost-prod.png", tmp_path / "cost.json"
     assert main(["--env", "prod", "--assembly", str(synthesized.outdir), "--plot", str(plot),
                  "--json", str(figures)]) == 0
@@ -98,10 +100,7 @@ def test_make_cost_on_the_synthesized_prod(synthesized, tmp_path: Path,  # type:
         abs=0.05)
     assert llm["week_dropped_percent"] == 0, "the scaling as synthesized serves the typical week"
     assert llm["release_day_extra_usd"] > 0, "the release pre-scale costs something"
-    from stacks.settings import load_settings
-
-    settings = load_settings("prod")
-    fleet = settings.llm.fleet_plan()
+    fleet = prod_capacity.fleet
     # Never below the night's floor or above the day's ceiling.
     assert fleet.off_peak.min_capacity <= llm["average_instances"] <= fleet.max_capacity
     assert costs["intent"]["instance_type"] == "ml.inf1.xlarge"

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from capacity_model import LlmCapacity
 from release_calendar import (
     CapacityModel,
     DailyFloor,
@@ -150,14 +151,14 @@ def test_reads_a_template_cdk_synthesized(tmp_path: Path) -> None:
         (0.0, 200.0, 2), (200.0, 600.0, 4), (600.0, None, 8)]
 
 
-def test_reads_the_capacity_models_figures_and_both_tracking_policies(synthesized) -> None:  # type: ignore[no-untyped-def]
+def test_reads_the_capacity_models_figures_and_both_tracking_policies(  # type: ignore[no-untyped-def]
+        synthesized, prod_capacity: LlmCapacity) -> None:
     """Production as synthesized: the scalable target's metadata carries what one instance
     sustains (and at what concurrency, for how long per request), the variant's instance type
     comes from its endpoint configuration, and both target-tracking policies are read."""
-    from stacks.settings import load_settings
     from tools.scaling_sim.template import CONCURRENCY_HIGH_RESOLUTION, INVOCATIONS_PER_INSTANCE
 
-    capacity = load_settings("prod").llm.capacity_plan()
+    capacity = prod_capacity
     template = synthesized.template("Prod/Serving")
     setup = scaling_setup(template, calendar_target="llm")
     assert setup.capacity is not None

@@ -38,7 +38,7 @@ def gateway_env() -> dict[str, str]:
     from stacks.llm_endpoint import container_environment
 
     llm = load_settings("dev").llm
-    env = container_environment(llm, llm.memory_plan(), endpoint_name=LLM,
+    env = container_environment(llm, llm.capacity_plan(), endpoint_name=LLM,
                                 variant_name="AllTraffic")
     keep = ("GATEWAY_ROUTING_TABLE", "GATEWAY_LOCALE_ROUTES", "GATEWAY_ADAPTERS")
     return {key: env[key] for key in keep}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stacks.artifact_layout import ArtifactLayout, artifact_layout
-from stacks.settings import SettingsError, load_settings
+from stacks.settings import EnvironmentPlans, SettingsError, load_environment
 from tools.aws_context import (
     DeployToolError,
     account_problem,
@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def refusals(args: argparse.Namespace, settings: Any) -> list[str]:
+def refusals(args: argparse.Namespace, settings: Any, plans: EnvironmentPlans) -> list[str]:
     """Argument and artifact problems, one line each; empty when everything can go."""
     problems: list[str] = []
     if not (args.model or args.adapters or args.intent):
@@ -80,7 +80,7 @@ def refusals(args: argparse.Namespace, settings: Any) -> list[str]:
     if args.model:
         problems += check_base_model(args.model, settings.llm)
     if args.adapters:
-        problems += check_adapters(args.adapters, settings.llm)
+        problems += check_adapters(args.adapters, settings.llm, plans.llm_memory)
     if args.intent:
         problems += check_intent_archive(args.intent, settings.intent)
     return problems
@@ -106,15 +106,16 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None,
          out: TextIO = sys.stderr) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        settings = load_settings(args.env)
+        environment = load_environment(args.env)
     except SettingsError as error:
         print(f"publish: {error}", file=out)
         return EXIT_REFUSED
+    settings = environment.settings
     layout = artifact_layout(settings)
     if args.show_layout:
         print(layout.describe(), file=sys.stdout)
         return EXIT_OK
-    problems = refusals(args, settings)
+    problems = refusals(args, settings, environment.plans)
     if problems:
         for problem in problems:
             print(f"publish: refused: {problem}", file=out)

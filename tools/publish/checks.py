@@ -40,7 +40,7 @@ from artifact_manifest import (
     list_artifact_files,
     sha256_file,
 )
-from gpu_budget import parse_quantization
+from gpu_budget import MemoryPlan, parse_quantization
 from intents import INTENT_LABELS
 from neuron.manifest import MANIFEST_FILE as NEURON_MANIFEST_FILE
 from neuron.manifest import ManifestError as NeuronManifestError
@@ -142,11 +142,13 @@ def _model_name(value: str) -> str:
     return PurePosixPath(value.rstrip("/")).name.lower()
 
 
-def check_adapters(adapters_dir: Path, settings: LlmEndpointSettings) -> list[str]:
-    """Problems with the configured adapters under ``adapters_dir`` (one folder each)."""
+def check_adapters(adapters_dir: Path, settings: LlmEndpointSettings,
+                   memory_plan: MemoryPlan) -> list[str]:
+    """Problems with the configured adapters under ``adapters_dir`` (one folder each);
+    ``memory_plan`` is the environment's GPU memory plan (made when its settings loaded)."""
     if not adapters_dir.is_dir():
         return [f"ADAPTERS {adapters_dir}: not a directory"]
-    max_rank = settings.memory_plan().max_lora_rank
+    max_rank = memory_plan.max_lora_rank
     base = settings.model.base_model
     problems: list[str] = []
     for adapter in settings.adapters:

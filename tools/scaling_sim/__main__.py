@@ -108,9 +108,9 @@ def simulation_params(setup: ScalingSetup, *, delay_min: float, capacity_overrid
 def spike_comparison(trace: Trace, setup: ScalingSetup, params: SimulationParams, *,
                      env: str, multiplier: float) -> list[SpikeOutcome]:
     """The unpredicted-spike scenarios for ``env``'s LLM capacity plan (tools/scaling_sim/spike)."""
-    from stacks.settings import load_settings
+    from stacks.settings import load_environment
 
-    capacity = load_settings(env).llm.capacity_plan()
+    capacity = load_environment(env).plans.llm_capacity
     recommended = capacity.fleet_for(one_piece_surge(multiplier),
                                      provisioning_s=params.provisioning_delay_s)
     return spike_outcomes(trace, setup, params, current=capacity.fleet, recommended=recommended)

@@ -101,7 +101,7 @@ def test_the_stacks_container_environment_is_accepted() -> None:
 
     for name in ("dev", "prod"):
         llm = load_stack_settings(name).llm
-        environment = container_environment(llm, llm.memory_plan(), endpoint_name="ep",
+        environment = container_environment(llm, llm.capacity_plan(), endpoint_name="ep",
                                              variant_name="AllTraffic")
         settings = load_settings(environment)
         assert settings.gateway.metrics_endpoint_name == "ep"

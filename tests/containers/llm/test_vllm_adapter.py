@@ -263,7 +263,7 @@ def _reset_fakes() -> None:
 
 def stack_environment(environment: str = "prod") -> dict[str, str]:
     settings = load_stack_settings(environment)
-    return container_environment(settings.llm, settings.llm.memory_plan(),
+    return container_environment(settings.llm, settings.llm.capacity_plan(),
                                  endpoint_name="manga-assist-prod-llm", variant_name="AllTraffic")
 
 

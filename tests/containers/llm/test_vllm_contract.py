@@ -148,7 +148,7 @@ def test_every_argument_the_stack_sets_exists(
     vllm_source: dict[str, ast.Module], environment: str
 ) -> None:
     settings = load_settings(environment)
-    env = container_environment(settings.llm, settings.llm.memory_plan(),
+    env = container_environment(settings.llm, settings.llm.capacity_plan(),
                                 endpoint_name="e", variant_name="v")
     # what the adapter passes to vLLM once the container has read the stack's environment
     check_engine_args(set(adapter.engine_arguments(load_gateway_settings(env))), vllm_source)
