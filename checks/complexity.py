@@ -21,9 +21,10 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from radon.complexity import cc_visit
 from radon.visitors import Class, Function
@@ -35,6 +36,10 @@ ALLOWLIST = REPO_ROOT / "checks" / "complexity_allowlist.txt"
 EXCLUDED_FOLDERS = frozenset({"tests", "node_modules", "cdk.out", "build", "dist",
                               "__pycache__"})
 """Never measured (tests, installed or generated code); folders starting with '.' neither."""
+
+
+MeasuredT = TypeVar("MeasuredT")
+"""What one gate measures per function (:class:`Measured` here, a length in function_length)."""
 
 
 class AllowlistError(ValueError):
@@ -181,6 +186,21 @@ def python_files(root: Path, paths: Sequence[str] = ()) -> list[str]:
         and (not prefixes or any(name == p or name.startswith(f"{p}/") for p in prefixes))})
 
 
+def measure_files(root: Path, files: Sequence[str],
+                  measure: Callable[[str, str], list[MeasuredT]], *, tool: str
+                  ) -> list[MeasuredT] | None:
+    """``measure(source, name)`` of every file, in order; None, after one line on stderr naming
+    the file and line, when one does not parse (the gates' exit status 2)."""
+    measured: list[MeasuredT] = []
+    for name in files:
+        try:
+            measured += measure((root / name).read_text(encoding="utf-8"), name)
+        except SyntaxError as error:
+            print(f"{tool}: {name}:{error.lineno}: does not parse: {error.msg}", file=sys.stderr)
+            return None
+    return measured
+
+
 def _excluded(name: str) -> bool:
     folders = name.split("/")[:-1]
     return any(part in EXCLUDED_FOLDERS or part.startswith(".") for part in folders)
@@ -209,14 +229,9 @@ def main(argv: Sequence[str] | None = None, *, root: Path = REPO_ROOT) -> int:
         print(f"complexity: {error}", file=sys.stderr)
         return 2
     files = python_files(root, args.paths)
-    measured: list[Measured] = []
-    for name in files:
-        try:
-            measured += measure_source((root / name).read_text(encoding="utf-8"), name)
-        except SyntaxError as error:
-            print(f"complexity: {name}:{error.lineno}: does not parse: {error.msg}",
-                  file=sys.stderr)
-            return 2
+    measured = measure_files(root, files, measure_source, tool="complexity")
+    if measured is None:
+        return 2
     verdict = judge(measured, allowed, limit=args.limit,
                     scanned=files if args.paths else None, allowlist_name=allowlist_name)
     for line in (*verdict.offenders, *verdict.stale):

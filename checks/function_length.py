@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.complexity import REPO_ROOT, python_files
+from checks.complexity import REPO_ROOT, measure_files, python_files
 
 MAX_LINES = 80
 """A body near 60 lines, a signature over a few lines and a docstring."""
@@ -81,14 +81,9 @@ def main(argv: Sequence[str] | None = None, *, root: Path = REPO_ROOT) -> int:
     parser.add_argument("--max", type=int, default=MAX_LINES, dest="limit")
     args = parser.parse_args(argv)
     files = python_files(root, args.paths)
-    measured: list[Length] = []
-    for name in files:
-        try:
-            measured += measure_source((root / name).read_text(encoding="utf-8"), name)
-        except SyntaxError as error:
-            print(f"function_length: {name}:{error.lineno}: does not parse: {error.msg}",
-                  file=sys.stderr)
-            return 2
+    measured = measure_files(root, files, measure_source, tool="function_length")
+    if measured is None:
+        return 2
     over = offenders(measured, limit=args.limit)
     for item in over:
         print(item)
