@@ -2,7 +2,7 @@
 Dockerfile.dockerignore, hold nothing only tests use.
 
 For the LLM, intent and quantize images the test builds the file list the way ``docker build``
-does with the repository root as context: the repository's files (tracked and new), kept or
+does with the repository root as context (``tests/support/images.py``): the repository's files (tracked and new), kept or
 dropped by the Dockerfile's ``.dockerignore`` (last matching pattern wins, a pattern on a folder
 covers what is under it), then taken by the ``COPY`` lines' sources. A file is test-only when it
 lies under tests/, or when it is a Python module that only tests/, benchmarks/, tools/ or checks/
@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import ast
 import re
-import shlex
-import subprocess
 from collections.abc import Iterable
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.images import REPO_ROOT as REPO
+from tests.support.images import context_files, image_files, repo_files
+
 IMAGES = {
-    "llm": "containers/llm/Dockerfile",
-    "intent": "containers/intent/Dockerfile",
-    "quantize": "containers/quantize/Dockerfile",
+    "llm": REPO / "containers/llm/Dockerfile",
+    "intent": REPO / "containers/intent/Dockerfile",
+    "quantize": REPO / "containers/quantize/Dockerfile",
 }
 IMPORT_ROOTS = ("containers/llm", "containers/intent", "")
 """Where modules are imported from (pyproject's pytest pythonpath; the images copy each package
@@ -33,78 +33,6 @@ to the same name under their own root)."""
 TEST_SIDE = ("tests/", "benchmarks/", "tools/", "checks/")
 SIM_SETTING = re.compile(r"\bsim_(seed|oom_at_step|oom_batched_tokens|step_time_s|token_time_s|"
                          r"startup_s|eos_probability)\b|\bSIM_[A-Z_]+\b")
-
-
-@cache
-def repo_files() -> tuple[str, ...]:
-    """The files a build context of the repository root can hold (tracked and new, not ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, check=True, capture_output=True, text=True).stdout.split("\n")
-    return tuple(sorted(path for path in listed if path and (REPO / path).is_file()))
-
-
-def _pattern(text: str) -> re.Pattern[str]:
-    """A .dockerignore pattern (Go filepath.Match plus ``**``) as a regex on a relative path."""
-    out, index = [], 0
-    while index < len(text):
-        if text.startswith("**", index):
-            out.append(".*")
-            index += 2
-            if text.startswith("/", index):
-                out[-1] = "(?:.*/)?"
-                index += 1
-            continue
-        char = text[index]
-        out.append("[^/]*" if char == "*" else "[^/]" if char == "?" else re.escape(char))
-        index += 1
-    return re.compile("".join(out))
-
-
-def context_files(dockerignore: Path) -> list[str]:
-    """The repository files ``docker build`` sends with this ignore file."""
-    rules: list[tuple[bool, re.Pattern[str]]] = []
-    for line in dockerignore.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        negated = line.startswith("!")
-        rules.append((negated, _pattern(line.lstrip("!").strip("/"))))
-    kept = []
-    for path in repo_files():
-        parts = PurePosixPath(path).parts
-        prefixes = ["/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
-        included = True
-        for negated, pattern in rules:
-            if any(pattern.fullmatch(prefix) for prefix in prefixes):
-                included = negated
-        if included:
-            kept.append(path)
-    return kept
-
-
-def copy_sources(dockerfile: Path) -> list[str]:
-    """The build-context sources of every ``COPY`` line (``--from=`` stages are not context)."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    sources = []
-    for line in text.splitlines():
-        words = shlex.split(line, comments=True)
-        if not words or words[0].upper() != "COPY":
-            continue
-        arguments = [word for word in words[1:] if not word.startswith("--")]
-        if any(word.startswith("--from") for word in words[1:]):
-            continue
-        sources.extend(source.rstrip("/") for source in arguments[:-1])
-    return sources
-
-
-def image_files(image: str) -> list[str]:
-    """What the image copies from its build context."""
-    dockerfile = REPO / IMAGES[image]
-    context = context_files(dockerfile.with_name("Dockerfile.dockerignore"))
-    sources = copy_sources(dockerfile)
-    return [path for path in context
-            if any(path == source or path.startswith(f"{source}/") for source in sources)]
 
 
 def module_name(path: str) -> str | None:
@@ -215,14 +143,14 @@ def find_test_only(files: Iterable[str]) -> list[str]:
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
 def test_image_holds_no_test_only_file(image: str) -> None:
-    files = image_files(image)
+    files = image_files(IMAGES[image])
     assert files, f"{image}: no files found from its Dockerfile's COPY lines"
     problems = find_test_only(files)
     assert not problems, f"{image} image:\n" + "\n".join(problems)
 
 
 def test_llm_image_has_the_gateway_and_no_simulator() -> None:
-    files = set(image_files("llm"))
+    files = set(image_files(IMAGES["llm"]))
     assert {"containers/llm/gateway/main.py", "containers/llm/gateway/engines/vllm.py",
             "serving_contract/environment.py", "containers/llm/serve"} <= files
     assert not {path for path in files

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import images
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "containers" / "quantize"
 
@@ -29,12 +31,7 @@ def test_dockerfile_is_hadolint_clean() -> None:
 
 
 def test_build_context_allows_exactly_what_the_dockerfile_copies() -> None:
-    dockerfile = (IMAGE_DIR / "Dockerfile").read_text(encoding="utf-8")
-    sources = [
-        source
-        for line in re.findall(r"^COPY (.+)$", dockerfile, re.MULTILINE)
-        for source in [part for part in line.split() if not part.startswith("--")][:-1]
-    ]
+    sources = images.copy_sources(IMAGE_DIR / "Dockerfile")
     allowed = [
         line[1:].rstrip("/")
         for line in (IMAGE_DIR / "Dockerfile.dockerignore").read_text().splitlines()

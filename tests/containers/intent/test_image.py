@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from neuron.targets import CPU_IMAGE, INF1_IMAGE, INF2_IMAGE
+from tests.support import images
 
 from .conftest import REPO_ROOT
 
@@ -77,31 +78,7 @@ def test_sagemaker_contract() -> None:
 
 
 def copy_sources() -> list[str]:
-    sources: list[str] = []
-    for keyword, rest in instructions():
-        if keyword != "COPY":
-            continue
-        parts = [p for p in rest.split() if not p.startswith("--")]
-        sources.extend(parts[:-1])
-    return sources
-
-
-def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
-    """Docker's rule: the last matching pattern wins; a pattern also matches a path's parents."""
-    excluded = False
-    parents = [path] + ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
-    for raw in patterns:
-        negate = raw.startswith("!")
-        pattern = raw[1:] if negate else raw
-        regex = re.escape(pattern.strip("/")).replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
-        if any(re.fullmatch(regex, candidate) for candidate in parents):
-            excluded = not negate
-    return excluded
-
-
-def _ignore_patterns() -> list[str]:
-    return [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return images.copy_sources(DOCKERFILE)
 
 
 def _files_of(source: str) -> list[str]:
@@ -113,19 +90,19 @@ def _files_of(source: str) -> list[str]:
 
 
 def test_every_copied_file_is_in_the_build_context() -> None:
-    patterns = _ignore_patterns()
+    patterns = images.ignore_patterns(DOCKERIGNORE)
     for source in copy_sources():
         for file in _files_of(source):
-            assert not dockerignore_excludes(file, patterns), f"{file} is excluded"
+            assert not images.dockerignore_excludes(file, patterns), f"{file} is excluded"
 
 
 def test_the_context_leaves_out_everything_else() -> None:
-    patterns = _ignore_patterns()
+    patterns = images.ignore_patterns(DOCKERIGNORE)
     for unwanted in ("tests/neuron/conftest.py", ".git/config", "node_modules/x/index.js",
                      "cdk.out/manifest.json", "neuron/compile.py", "neuron/random_model.py",
                      "containers/llm/Dockerfile", "stacks/app.py",
                      "containers/intent/intent_server/__pycache__/app.cpython-311.pyc"):
-        assert dockerignore_excludes(unwanted, patterns), f"{unwanted} would enter the context"
+        assert images.dockerignore_excludes(unwanted, patterns), f"{unwanted} would enter the context"
 
 
 def _copied_modules() -> set[str]:

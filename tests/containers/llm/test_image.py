@@ -16,6 +16,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from stacks.llm_endpoint import LLM_IMAGE_SOURCES
+from tests.support import images
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LLM = REPO_ROOT / "containers" / "llm"
@@ -54,12 +55,7 @@ def test_serve_accepts_sagemakers_serve_argument() -> None:
 
 
 def copied_paths() -> set[str]:
-    paths: set[str] = set()
-    for line in DOCKERFILE.splitlines():
-        if line.startswith("COPY "):
-            *sources, _destination = line.split()[1:]
-            paths.update(source.rstrip("/") for source in sources if not source.startswith("--"))
-    return paths
+    return set(images.copy_sources(LLM / "Dockerfile"))
 
 
 def first_party_imports(folder: Path) -> set[str]:
