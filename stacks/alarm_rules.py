@@ -33,6 +33,11 @@ ROLLBACK_RULES: tuple[str, ...] = (
 
 INTENT_ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "model-latency-p99")
 
+FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN = 3
+"""Refusals by forecast on a nearly idle engine that page: the probes (one a second) correct a
+wrong forecast within seconds (docs/design-decisions.md#forecast-lock-out), so three in five
+minutes means it keeps going wrong."""
+
 INSTANCE_COUNT_EXPRESSION = "IF(perinstance > 0, invocations / perinstance, 0)"
 """SageMaker publishes no instance count for a variant; Invocations ÷ InvocationsPerInstance
 (both per-minute sums) is the number of InService instances whenever the variant has traffic."""
@@ -277,6 +282,22 @@ def engine_health_rules(settings: EndpointAlarmSettings) -> list[AlarmRule]:
             meaning="The engine died of GPU OOM (or another engine fault) and the circuit "
             "breaker opened: requests got the fallback answer while the engine was rebuilt.",
             runbook="breaker-open.md",
+        ),
+        AlarmRule(
+            name="forecast-refusals-while-idle",
+            metric=mc.FORECAST_REFUSALS_WHILE_IDLE,
+            statistic="Sum",
+            threshold=FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN,
+            comparison=GTE,
+            period_s=300,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing_data=NOT_BREACHING,  # emitted only when such a refusal happens
+            severity="page",
+            meaning=f"The gateway refused {FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN} or more "
+            "requests in 5 minutes with 429 ttft_slo while its engine was nearly idle: a healthy "
+            "instance turning users away because its first-token forecast is wrong.",
+            runbook="forecast-lock-out.md",
         ),
         AlarmRule(
             name="engine-restarts",

@@ -27,6 +27,9 @@ Its output text is generated, not meaningful; its behaviour under memory pressur
 * **Latency.** A step costs ``step_time_s + token_time_s × scheduled tokens`` of wall time
   (``asyncio.sleep``; zero for benchmarks and soak tests, in which case up to 16 steps run
   between two event-loop turns).
+* **First-use cost** (``first_use_s``, like a cold GPU host's kernel compiles): the first step
+  that prefills a prompt of a new length class (its bit length: 1, 2-3, 4-7, ... tokens) or a
+  request of a new adapter takes ``first_use_s`` longer for each such novelty, once per engine.
 * **Request fields** (:data:`SIM_FIELD_SUPPORT`): ``n`` runs one sequence per choice (more
   than one with temperature 0 is refused, as vLLM refuses greedy sampling of several choices),
   ``logprobs`` reports each sampled word's probability under its uniform choice, ``min_tokens``,
@@ -196,6 +199,7 @@ class SimEngine:
         step_time_s: float = 0.0,
         token_time_s: float = 0.0,
         startup_time_s: float = 0.0,
+        first_use_s: float = 0.0,
         oom_at_step: int | None = None,
         oom_batched_tokens: int | None = None,
         eos_probability: float = 0.0,
@@ -210,7 +214,8 @@ class SimEngine:
             if value < 1:
                 problems.append(f"{label} must be at least 1, got {value}")
         for label, seconds in (("step_time_s", step_time_s), ("token_time_s", token_time_s),
-                               ("startup_time_s", startup_time_s)):
+                               ("startup_time_s", startup_time_s),
+                             ("first_use_s", first_use_s)):
             if not math.isfinite(seconds) or seconds < 0:
                 problems.append(f"{label} must be a finite number >= 0, got {seconds}")
         if not 0.0 <= eos_probability <= 1.0:
@@ -238,6 +243,8 @@ class SimEngine:
         self.step_time_s = step_time_s
         self.token_time_s = token_time_s
         self.startup_time_s = startup_time_s
+        self.first_use_s = first_use_s
+        self._used_shapes: set[tuple[str, object]] = set()
         self.oom_at_step = oom_at_step
         self.oom_batched_tokens = oom_batched_tokens
         self.eos_probability = eos_probability
@@ -499,7 +506,8 @@ class SimEngine:
                         f"limit of {self.oom_batched_tokens}",
                     )
                     return
-                step_s = self.step_time_s + self.token_time_s * batch_tokens
+                step_s = (self.step_time_s + self.token_time_s * batch_tokens
+                          + self._first_use_cost(scheduled))
                 steps_since_yield += 1
                 if step_s > 0 or steps_since_yield >= _ZERO_TIME_STEPS_PER_YIELD:
                     await asyncio.sleep(step_s)
@@ -512,6 +520,24 @@ class SimEngine:
             raise
         except Exception as exc:  # a simulator bug must still fail-stop like an engine would
             self._die(EngineDead(f"simulated engine crashed: {exc!r}"))
+
+    def _first_use_cost(self, scheduled: Sequence[tuple[_SimRequest, int]]) -> float:
+        """``first_use_s`` for each prompt-length class and adapter this step uses for the first
+        time (see the module docstring)."""
+        if not self.first_use_s:
+            return 0.0
+        new = 0
+        for request, _ in scheduled:
+            if request.num_computed >= request.prompt_len:
+                continue  # decoding: nothing new to compile
+            shapes: list[tuple[str, object]] = [("prompt", request.prompt_len.bit_length())]
+            if request.adapter is not None:
+                shapes.append(("adapter", request.adapter))
+            for shape in shapes:
+                if shape not in self._used_shapes:
+                    self._used_shapes.add(shape)
+                    new += 1
+        return new * self.first_use_s
 
     def _block_hashes(self, token_ids: Sequence[int], adapter: str | None) -> tuple[int, ...]:
         """Each full block's hash, chained over the blocks before it (vLLM's scheme)."""
@@ -732,6 +758,8 @@ SIM_SETTING_SPECS: tuple[SimSpec, ...] = (
     SimSpec("SIM_STEP_TIME_S", "0.0", "Wall time per engine step."),
     SimSpec("SIM_TOKEN_TIME_S", "0.0", "Extra wall time per batched token."),
     SimSpec("SIM_STARTUP_S", "0.0", "Time `start()` takes (weight load)."),
+    SimSpec("SIM_FIRST_USE_S", "0.0", "Extra time of the first step that prefills a new "
+            "prompt-length class or a new adapter's request (a cold host's kernel compile)."),
     SimSpec("SIM_OOM_AT_STEP", None,
             "Every engine built dies of OOM at this step (a persistent fault)."),
     SimSpec("SIM_OOM_BATCHED_TOKENS", None, "A step batching at least this many tokens dies of "
@@ -751,6 +779,7 @@ class SimSettings:
     step_time_s: float = 0.0
     token_time_s: float = 0.0
     startup_s: float = 0.0
+    first_use_s: float = 0.0
     oom_at_step: int | None = None
     oom_batched_tokens: int | None = None
     eos_probability: float = 0.02
@@ -776,6 +805,7 @@ class SimSettings:
             step_time_s=number("SIM_STEP_TIME_S", float),
             token_time_s=number("SIM_TOKEN_TIME_S", float),
             startup_s=number("SIM_STARTUP_S", float),
+            first_use_s=number("SIM_FIRST_USE_S", float),
             oom_at_step=number("SIM_OOM_AT_STEP", int),
             oom_batched_tokens=number("SIM_OOM_BATCHED_TOKENS", int),
             eos_probability=number("SIM_EOS_PROBABILITY", float),
@@ -798,6 +828,7 @@ def from_settings(settings: Settings, sim: SimSettings | None = None) -> SimEngi
         step_time_s=sim.step_time_s,
         token_time_s=sim.token_time_s,
         startup_time_s=sim.startup_s,
+        first_use_s=sim.first_use_s,
         oom_at_step=sim.oom_at_step,
         oom_batched_tokens=sim.oom_batched_tokens,
         eos_probability=sim.eos_probability,

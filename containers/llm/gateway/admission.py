@@ -52,6 +52,7 @@ from gateway.forecast import (
     FirstTokenModel,
     InFlight,
     OutputLengths,
+    ProbeGate,
     Queued,
     StepModel,
     StepPrior,
@@ -103,6 +104,9 @@ class KvReservation:
     """The controller's id of the request (0 for reservations made on the ledger directly)."""
     forecast_ttft_s: float | None = None
     """What the controller forecast for its first token when it arrived."""
+    override: str | None = None
+    """Why it was admitted although its forecast missed the SLO: ``idle`` (nothing was running
+    or queued) or ``probe`` (:class:`gateway.forecast.ProbeGate`); None when it did not."""
 
 
 class AdmissionLedger:
@@ -208,7 +212,7 @@ class AdmissionRejected(Exception):
 
     def __init__(self, reason: RefusalReason, bucket: LengthBucket, waited_s: float, *,
                  retry_after_s: float | None = None,
-                 forecast_ttft_s: float | None = None) -> None:
+                 forecast_ttft_s: float | None = None, while_idle: bool = False) -> None:
         super().__init__(f"{reason.value} in bucket {bucket.value} after {waited_s:.3f} s")
         self.reason = reason
         self.bucket = bucket
@@ -216,6 +220,8 @@ class AdmissionRejected(Exception):
         self.retry_after_s = retry_after_s
         """Seconds after which the queue's forecast says a request like it would fit the SLO."""
         self.forecast_ttft_s = forecast_ttft_s
+        self.while_idle = while_idle
+        """Refused by forecast while the engine was nearly idle (a forecast gone wrong)."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,8 @@ class _Ticket:
     """The calibrated forecast admission decided by."""
     raw_forecast_s: float = NEVER
     """The replay's own forecast (before calibration)."""
+    override: str | None = None
+    """``idle`` or ``probe`` when admitted against a forecast past the SLO."""
     future: asyncio.Future[KvReservation] | None = None
     dispatched_at: float | None = None
     prefill_ahead: int = 0
@@ -283,59 +291,132 @@ class _Ticket:
 
 @dataclass
 class ForecastStats:
-    """How the forecasts compared with the first tokens that followed.
+    """How the forecasts compared with the first tokens that followed, and the calibration
+    that corrects later forecasts by it.
 
-    The median of actual ÷ forecast (over the last first tokens of requests forecast to wait at
-    least ``min_forecast_s``: below that, fixed costs such as parsing and tokenizing under load
-    dominate the ratio) calibrates later forecasts when it is above 1: when the engine runs slower
-    than the models learned (a noisy neighbour, longer prompts), admission tightens. It corrects
-    a bias, not the noise around it (a 90th percentile would turn noise into refusals), and a
-    short window lets a correction that is no longer needed age out.
+    Every first token of a request forecast to wait at least ``min_forecast_s`` (below that,
+    fixed costs such as parsing and tokenizing under load dominate the ratio) moves the
+    calibration: an exponentially weighted mean of ``log(actual ÷ raw forecast)`` with weight
+    ``gain``, held between ``floor`` and ``ceiling``. It moves **both ways**: an engine running
+    slower than the models learned (a noisy neighbour, longer prompts) tightens admission within
+    a few first tokens, one running faster (the models learned a one-off cost, a slow spell
+    ended) loosens it just as fast. It is judged against the raw replay, so it settles at the
+    replay's real error instead of chasing its own correction. Its evidence ages: without new
+    first tokens it returns toward 1 with a half-life of ``half_life_s`` (the burst that made it
+    was then; the next one is judged by the models, and corrected again by its own first first
+    tokens). Only admitted requests have first tokens: while admission refuses by forecast, the
+    probes (:class:`gateway.forecast.ProbeGate`) are what keep it learning
+    (docs/design-decisions.md#forecast-lock-out).
     """
 
     samples: int = 0
     late: int = 0
     """First tokens that came after the SLO although the forecast said they would not."""
     min_forecast_s: float = 0.25
+    gain: float = 0.3
+    floor: float = 1 / 64
+    ceiling: float = 4.0
+    half_life_s: float = 10.0
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=48))
+    """The last ratios (reported as their median; the calibration is the weighted mean)."""
+    _log_calibration: float = 0.0
+    _updated_at: float | None = None
     _median: float | None = None
     _stale: bool = False
 
-    def observe(self, actual_s: float, forecast_s: float, slo_s: float) -> None:
-        """A first token came ``actual_s`` after arrival; the replay said ``forecast_s``."""
+    def observe(self, actual_s: float, forecast_s: float, slo_s: float,
+                now: float | None = None) -> None:
+        """A first token came ``actual_s`` after arrival (at ``now``, monotonic; None: no
+        ageing); the replay said ``forecast_s``."""
         self.samples += 1
         self.late += actual_s > slo_s
-        if forecast_s >= self.min_forecast_s:
-            self.ratios.append(actual_s / forecast_s)
+        if forecast_s >= self.min_forecast_s and actual_s > 0 and math.isfinite(forecast_s):
+            ratio = actual_s / forecast_s
+            self.ratios.append(ratio)
             self._stale = True
+            current = self._aged(now)
+            moved = current + self.gain * (math.log(ratio) - current)
+            self._log_calibration = min(math.log(self.ceiling), max(math.log(self.floor), moved))
+            self._updated_at = now
+
+    def _aged(self, now: float | None) -> float:
+        if now is None or self._updated_at is None or now <= self._updated_at:
+            return self._log_calibration
+        return self._log_calibration * 0.5 ** ((now - self._updated_at) / self.half_life_s)
 
     def ratio_median(self) -> float | None:
-        """Median of actual ÷ forecast time to first token (None before any)."""
+        """Median of the last actual ÷ forecast times to first token (None before any)."""
         if self._stale:
             self._median = statistics.median(self.ratios) if self.ratios else None
             self._stale = False
         return self._median
 
-    def calibration(self) -> float:
-        """What forecasts are multiplied by: the median ratio, between 1 and 4."""
-        ratio = self.ratio_median()
-        return 1.0 if ratio is None else min(4.0, max(1.0, ratio))
+    def calibration(self, now: float | None = None) -> float:
+        """What forecasts are multiplied by at ``now`` (1 before any first token; see the
+        class)."""
+        return math.exp(self._aged(now))
+
+    def reset(self) -> None:
+        """Forget everything (a new measuring pass of warmup, and its end)."""
+        self.samples = self.late = 0
+        self.ratios.clear()
+        self._log_calibration = 0.0
+        self._updated_at = None
+        self._median = None
+        self._stale = False
+
+
+@dataclass
+class ArrivalCounts:
+    """What admission decided on arrival, by forecast (the /ping body's ``admission`` block and
+    the per-request record report them as they happen)."""
+
+    refused_by_forecast: int = 0
+    refused_while_idle: int = 0
+    """Refused by forecast while the engine was nearly idle (see
+    :meth:`AdmissionController.nearly_idle`): a healthy instance turning users away."""
+    probes: int = 0
+    """Admitted against a forecast past the SLO to test it (:class:`ProbeGate`)."""
+    idle_admits: int = 0
+    """Admitted against a forecast past the SLO because nothing was running or queued."""
+    last_refused_while_idle_at: float | None = None
+
+
+PROBE_INTERVAL_S = 1.0
+"""While admission refuses by forecast, one request a second is admitted to test the forecast
+(:class:`gateway.forecast.ProbeGate`; docs/design-decisions.md#forecast-lock-out)."""
+NEARLY_IDLE_SHARE = 0.1
+"""At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
+refusal by forecast then means the forecast, not the load, turned the user away."""
 
 
 class AdmissionController:
-    """The ledger, a first-come-first-served queue, and the forecast that decides on arrival."""
+    """The ledger, a first-come-first-served queue, and the forecast that decides on arrival.
+
+    The forecast decides only between requests that compete for capacity in use: with nothing
+    running and nothing queued, a request that fits the pool is dispatched whatever the forecast
+    says; while it refuses, :class:`gateway.forecast.ProbeGate` admits one request per
+    ``probe_interval_s`` to test it. ``learning`` off (warmup's first pass, which pays the
+    engine's one-off compile and load costs) keeps the streams from teaching the models.
+    """
 
     def __init__(self, ledger: AdmissionLedger, *, ttft_slo_s: float, max_running: int,
                  clock: Callable[[], float] = time.monotonic,
-                 prior: StepPrior = DEFAULT_PRIOR) -> None:
+                 prior: StepPrior = DEFAULT_PRIOR,
+                 probe_interval_s: float = PROBE_INTERVAL_S) -> None:
         self.ledger = ledger
         self.ttft_slo_s = ttft_slo_s
         self.max_running = max_running
         self.clock = clock
+        self.prior = prior
         self.steps = StepModel(prior)
         self.first_token = FirstTokenModel(prior)
         self.lengths = OutputLengths()
-        self.forecasts = ForecastStats()
+        self.forecasts = ForecastStats(min_forecast_s=min(0.25, ttft_slo_s / 4))
+        self.probes = ProbeGate(probe_interval_s)
+        self.arrivals = ArrivalCounts()
+        self.learning = True
+        """Whether first tokens and stream paces teach the models and the calibration."""
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
@@ -350,6 +431,30 @@ class AdmissionController:
     def running_sequences(self) -> int:
         """Sequences of the dispatched requests (``n`` each): what ``max_running`` caps."""
         return self._running_sequences
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing queued."""
+        return not self._running and not self._queue
+
+    def nearly_idle(self) -> bool:
+        """Nothing queued and at most :data:`NEARLY_IDLE_SHARE` of ``max_running`` running."""
+        return (not self._queue and self._running_sequences
+                <= max(1, math.floor(NEARLY_IDLE_SHARE * self.max_running)))
+
+    def idle_forecast_s(self, prompt_tokens: int) -> float:
+        """The calibrated forecast first token of a ``prompt_tokens`` prompt on an idle engine
+        (what warmup checks against the SLO before /ping turns healthy)."""
+        return self.first_token.seconds(prompt_tokens) * self.forecasts.calibration(
+            self.clock())
+
+    def reset_learning(self) -> None:
+        """Back to the prior: the step and first-token models and the calibration (warmup's
+        measuring pass starts from here; the answer lengths, learned from real answers only,
+        stay)."""
+        self.steps = StepModel(self.prior)
+        self.first_token = FirstTokenModel(self.prior)
+        self.forecasts.reset()
 
     # --- arrival ---
     def forecast_ttft_s(self, request: AdmissionRequest) -> float:
@@ -377,7 +482,8 @@ class AdmissionController:
                 step_s=self.steps.step_s, first_token_s=self.first_token.seconds)
             # Judged against the raw replay (ForecastStats.observe), so the calibration settles
             # at the replay's real error instead of chasing its own correction.
-            ticket.forecast_ttft_s = ticket.raw_forecast_s * self.forecasts.calibration()
+            ticket.forecast_ttft_s = ticket.raw_forecast_s * self.forecasts.calibration(
+                self.clock())
         return ticket
 
     # The replay (gateway.forecast) counts each entry as one running sequence, so a request of
@@ -445,11 +551,26 @@ class AdmissionController:
             raise AdmissionRejected(RefusalReason.NEVER_FITS, request.bucket, 0.0)
         if probe_limit is not None and len(self._running) + len(self._queue) >= probe_limit:
             raise AdmissionRejected(RefusalReason.PROBE_LIMIT, request.bucket, 0.0)
-        if by_forecast and ticket.forecast_ttft_s > self.ttft_slo_s:
-            raise AdmissionRejected(
-                RefusalReason.TTFT_SLO, request.bucket, 0.0,
-                retry_after_s=ticket.forecast_ttft_s - self.ttft_slo_s,
-                forecast_ttft_s=ticket.forecast_ttft_s)
+        if not by_forecast or ticket.forecast_ttft_s <= self.ttft_slo_s:
+            return
+        arrivals = self.arrivals
+        if self.idle:  # nothing competes: the forecast has nobody to protect
+            ticket.override = "idle"
+            arrivals.idle_admits += 1
+            return
+        if self.probes.allow(ticket.arrived_at):
+            ticket.override = "probe"
+            arrivals.probes += 1
+            return
+        while_idle = self.nearly_idle()
+        arrivals.refused_by_forecast += 1
+        if while_idle:
+            arrivals.refused_while_idle += 1
+            arrivals.last_refused_while_idle_at = ticket.arrived_at
+        raise AdmissionRejected(
+            RefusalReason.TTFT_SLO, request.bucket, 0.0,
+            retry_after_s=ticket.forecast_ttft_s - self.ttft_slo_s,
+            forecast_ttft_s=ticket.forecast_ttft_s, while_idle=while_idle)
 
     # --- dispatch ---
     def dispatch(self) -> None:
@@ -474,7 +595,8 @@ class AdmissionController:
                 continue
             reservation = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
             reservation = KvReservation(reservation.bucket, reservation.tokens,
-                                        reservation.blocks, ticket.id, ticket.forecast_ttft_s)
+                                        reservation.blocks, ticket.id, ticket.forecast_ttft_s,
+                                        ticket.override)
             ticket.held_blocks = reservation.blocks
             ticket.dispatched_at = self.clock()
             ticket.prefill_ahead = sum(t.request.prompt_tokens for t in self._running.values()
@@ -502,7 +624,7 @@ class AdmissionController:
             ticket.first_token_at = now
             self._first_token(ticket, now)
         last = ticket.last_token_at.get(choice)
-        if last is not None:
+        if last is not None and self.learning:
             # The pace of one sequence as it streams, against the sequences running (a burst's
             # first wave teaches the model within steps).
             self.steps.observe(self.running_sequences, (now - last) / tokens, tokens)
@@ -514,9 +636,11 @@ class AdmissionController:
             ticket.held_blocks = held
 
     def _first_token(self, ticket: _Ticket, now: float) -> None:
+        if not self.learning:
+            return
         if ticket.arrived_at > 0:
             self.forecasts.observe(now - ticket.arrived_at, ticket.raw_forecast_s,
-                                   self.ttft_slo_s)
+                                   self.ttft_slo_s, now)
         if ticket.dispatched_at is not None:
             own = ticket.request.prompt_tokens - ticket.cached_tokens
             self.first_token.observe(ticket.prefill_ahead + own, now - ticket.dispatched_at)

@@ -27,7 +27,10 @@ were off by 1.6× under a burst: the engine batches prefills into the decode ste
 
 What the replay cannot know (an answer that ends early, the engine's internal order) is measured
 instead: admission compares forecasts with the first tokens that followed, reports both and
-calibrates later forecasts by the error (:class:`gateway.admission.ForecastStats`).
+calibrates later forecasts by the error, both ways (:class:`gateway.admission.ForecastStats`).
+A forecast can also be wrong in the other direction, too pessimistic, and then only requests it
+admits could ever show it: :class:`ProbeGate` lets one through now and then while admission
+refuses by forecast (docs/design-decisions.md#forecast-lock-out).
 
 Pure module: standard library only.
 """
@@ -289,3 +292,32 @@ def first_token_in_s(in_flight: Iterable[InFlight], queued: Iterable[Queued], ne
         decoded = finish
         used -= tokens + (finish - entered)
         running_in[bucket] -= 1
+
+
+class ProbeGate:
+    """While admission refuses by forecast, one request per ``interval_s`` is admitted anyway.
+
+    A refused request teaches nothing: a forecast that became too pessimistic (it learned a
+    one-off cost, a slow spell ended) would refuse every later request and never see a first
+    token that proves it wrong. A probe is queued like any request; its first token is compared
+    with what the forecast said, and the calibration moves by the error
+    (:class:`gateway.admission.ForecastStats`). When the forecast was right, a probe costs one
+    request per interval that misses the SLO, and teaches that the forecast was right.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.interval_s = interval_s
+        """``math.inf``: never probe (tests of the forecast alone)."""
+        self._last: float | None = None
+
+    def allow(self, now: float) -> bool:
+        """True (and the interval restarts) when the last probe was at least ``interval_s``
+        ago."""
+        if not math.isfinite(self.interval_s):
+            return False
+        if self._last is not None and now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True

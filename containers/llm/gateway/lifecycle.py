@@ -3,9 +3,15 @@
 :class:`GatewayLifecycle` is the app's lifespan. On start it begins two background tasks and
 returns at once, so that /ping answers (``warming_up``) while the engine loads:
 
-* **startup** — the supervisor starts the engine (bounded retries; a refused configuration is
-  fatal at once), then warmup pushes representative requests through the app's own ASGI stack
-  (:mod:`gateway.warmup`) until they all succeed or ``GATEWAY_WARMUP_TIMEOUT_S`` passes;
+* **startup** — the supervisor starts the engine (bounded retries; a refused configuration or
+  an engine that cannot be imported is fatal at once), then warmup pushes representative
+  requests through the app's own ASGI stack (:mod:`gateway.warmup`) in two passes: the first
+  pays the engine's one-off costs (kernel compiles, the first LoRA loads) and teaches admission
+  nothing; the second, from admission's prior, measures the steady state. /ping turns healthy
+  only when the second pass succeeded and admission's forecast for a short request on the idle
+  engine is within the TTFT SLO; otherwise it says why and measures again, until
+  ``GATEWAY_WARMUP_TIMEOUT_S`` passes. Each start phase is logged with its duration
+  (``start_phase`` lines; docs/gateway.md#cold-start);
 * **gauges** — every ``GATEWAY_METRICS_INTERVAL_S`` one line with the KV usage, running and
   waiting requests, preemptions since the last line and the breaker state.
 
@@ -34,8 +40,14 @@ from gateway.health import CrashLoopDetector, EnginePhase, PingAnswer, ping_answ
 from gateway.settings import Settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from gateway.telemetry import Telemetry
-from gateway.tokenizer import ChatTokenizer
-from gateway.warmup import WARMUP_HEADER, calibration_batch, run_warmup, warmup_requests
+from gateway.tokenizer import ChatTokenizer, ChatTurn
+from gateway.warmup import (
+    WARMUP_HEADER,
+    calibration_batch,
+    run_warmup,
+    short_request,
+    warmup_requests,
+)
 
 FatalCallback = Callable[[str, bool], None]
 """Told once when the process should stop: the reason, and whether the settings caused it."""
@@ -140,41 +152,98 @@ class GatewayLifecycle:
 
     async def startup(self, app: ASGIApp) -> None:
         """Start the engine, then warm up through ``app`` until it succeeds or times out."""
+        started = self.clock()
         try:
             await self.supervisor.start()
         except EngineStartFailed as error:
             self.fatal(str(error), config_error=error.config_error is not None)
             return
+        self.log_phase("engine_start", self.clock() - started,
+                       **self.supervisor.start_phases())
         if self.failure_reason is not None:
             return
         gateway = self.settings.gateway
         requests = warmup_requests(self.settings, served_names=self.served_names,
                                    count=lambda text: self.tokenizer.count([text])[0],
                                    log=self.telemetry.log)
+        short_tokens = self._prompt_tokens(short_request(requests))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmup",
                                      timeout=gateway.request_deadline_s) as client:
             deadline = self.clock() + gateway.warmup_timeout_s
+            first_use = True
             while not self.warmed_up and not self.draining:
-                ok = await run_warmup(client, requests,
-                                      headers={WARMUP_HEADER: self.warmup_token},
-                                      progress=self._set_warmup_progress,
-                                      log=self.telemetry.log,
-                                      batch=calibration_batch(self.settings))
-                if ok:
-                    self.warmed_up = True
-                    self.telemetry.log("warmup_complete", progress=self.warmup_progress)
-                    return
+                phase_started = self.clock()
+                if first_use:
+                    first_use = not await self._warm(client, requests, learning=False)
+                    if not first_use:
+                        self.log_phase("warmup_first_use", self.clock() - phase_started)
+                        continue
+                elif await self._warm(client, requests, learning=True):
+                    # The models keep what this pass measured; the calibration, which corrected
+                    # the forecasts made while they were still learning, starts from 1.
+                    self.admission.forecasts.reset()
+                    self.log_phase("warmup_measure", self.clock() - phase_started)
+                    if self._forecast_ready(short_tokens):
+                        self.warmed_up = True
+                        self.log_phase("healthy", self.clock() - started)
+                        self.telemetry.log("warmup_complete", progress=self.warmup_progress)
+                        return
                 if self.supervisor.phase is EnginePhase.FAILED:
                     return
                 if self.clock() >= deadline:
                     self.fatal(
                         f"warmup did not succeed within GATEWAY_WARMUP_TIMEOUT_S="
                         f"{gateway.warmup_timeout_s:g} s (last: {self.warmup_progress}); see the "
-                        "warmup_failed log lines"
+                        "warmup_failed and warmup_forecast_over_slo log lines"
                     )
                     return
                 await asyncio.sleep(0.5)
+
+    async def _warm(self, client: httpx.AsyncClient,
+                    requests: Sequence[tuple[str, dict[str, Any]]], *, learning: bool) -> bool:
+        """One warmup pass. ``learning`` off: the engine's first use of each shape (compiles,
+        LoRA loads) teaches admission nothing. On: admission starts again from its prior and
+        learns the steady state from this pass."""
+        admission = self.admission
+        if learning:
+            admission.reset_learning()
+        admission.learning = learning
+        label = "measuring" if learning else "first use"
+        try:
+            return await run_warmup(
+                client, requests, headers={WARMUP_HEADER: self.warmup_token},
+                progress=lambda text: self._set_warmup_progress(f"{text} ({label})"),
+                log=self.telemetry.log, batch=calibration_batch(self.settings))
+        finally:
+            admission.learning = True
+
+    def _forecast_ready(self, short_tokens: int) -> bool:
+        """True when admission forecasts a short request on the idle engine within the SLO;
+        else /ping's reason and a log line say what it forecasts."""
+        slo_s = self.admission.ttft_slo_s
+        forecast_s = self.admission.idle_forecast_s(short_tokens)
+        if forecast_s <= slo_s:
+            return True
+        self._set_warmup_progress(
+            f"a short request ({short_tokens} prompt tokens) on the idle engine is forecast to "
+            f"have its first token in {forecast_s:.3f} s, later than GATEWAY_TTFT_SLO_S="
+            f"{slo_s:g} s: measuring again")
+        self.telemetry.log("warmup_forecast_over_slo", level="warning",
+                           prompt_tokens=short_tokens, forecast_s=round(forecast_s, 4),
+                           ttft_slo_s=slo_s, **self.admission_model())
+        return False
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        """Prompt tokens of a warmup request's messages as the engine would get them."""
+        turns = [ChatTurn(message["role"], message["content"]) for message in body["messages"]]
+        return self.tokenizer.render_prompt(turns).num_tokens
+
+    def log_phase(self, phase: str, seconds: float, **parts: float) -> None:
+        """One ``start_phase`` line: a start phase and how long it took (``parts``: its own
+        phases, in seconds)."""
+        rounded: dict[str, Any] = {name: round(value, 3) for name, value in parts.items()}
+        self.telemetry.log("start_phase", phase=phase, seconds=round(seconds, 3), **rounded)
 
     def _set_warmup_progress(self, text: str) -> None:
         self.warmup_progress = text
@@ -215,6 +284,7 @@ class GatewayLifecycle:
         intercept, slope = admission.steps.line()
         first, per_token = admission.first_token.line()
         ratio = admission.forecasts.ratio_median()
+        arrivals = admission.arrivals
         return {
             "step_ms_at_1": round(1000 * (intercept + slope), 3),
             "step_ms_per_sequence": round(1000 * slope, 4),
@@ -222,7 +292,12 @@ class GatewayLifecycle:
             "first_token_ms_per_1k_prompt_tokens": round(1_000_000 * per_token, 3),
             "typical_answer_tokens": admission.lengths.typical(),
             "forecast_ttft_ratio_median": None if ratio is None else round(ratio, 3),
+            "forecast_calibration": round(admission.forecasts.calibration(), 4),
             "forecasts_late": admission.forecasts.late,
+            "refused_by_forecast": arrivals.refused_by_forecast,
+            "refused_while_idle": arrivals.refused_while_idle,
+            "forecast_probes": arrivals.probes,
+            "idle_admits": arrivals.idle_admits,
         }
 
     # --- /ping ---
@@ -253,5 +328,21 @@ class GatewayLifecycle:
                 "breaker": self.breaker.state(now).value,
                 "engine_generation": self.supervisor.generation,
                 "engine_restarts": self.supervisor.restarts, "warmup": self.warmup_progress,
-                "adapters": self.adapter_status(), "prompt_rendering": self.events.rendering}
+                "adapters": self.adapter_status(), "prompt_rendering": self.events.rendering,
+                "admission": self.admission_ping(now)}
         return answer, body
+
+    def admission_ping(self, now: float) -> dict[str, Any]:
+        """/ping's view of admission: how often the forecast refused, and how often while the
+        engine was nearly idle (a forecast gone wrong; it also pages, docs/runbooks)."""
+        admission = self.admission
+        arrivals = admission.arrivals
+        last = arrivals.last_refused_while_idle_at
+        return {
+            "forecast_calibration": round(admission.forecasts.calibration(), 4),
+            "refused_by_forecast": arrivals.refused_by_forecast,
+            "refused_while_idle": arrivals.refused_while_idle,
+            "last_refused_while_idle_s_ago": None if last is None else round(now - last, 1),
+            "forecast_probes": arrivals.probes,
+            "idle_admits": arrivals.idle_admits,
+        }

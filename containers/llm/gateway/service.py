@@ -419,10 +419,12 @@ class ChatService:
         except AdmissionRejected as rejected:
             record.queue_wait_s = self.clock() - started
             record.forecast_ttft_s = rejected.forecast_ttft_s
+            record.refused_while_idle = rejected.while_idle
             raise self._refusal(rejected) from None
         now = self.clock()
         record.queue_wait_s = now - started
         record.forecast_ttft_s = reservation.forecast_ttft_s
+        record.admitted_by = reservation.override
         if self.supervisor.engine is not engine or self.supervisor.generation != generation:
             # The engine died while this request waited for KV room: try the new one later.
             self.admission.release(reservation)

@@ -17,7 +17,12 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.engines.base import EngineConfigError, EngineDead, InferenceEngine
+from gateway.engines.base import (
+    EngineConfigError,
+    EngineDead,
+    InferenceEngine,
+    SupportsStartPhases,
+)
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 
 EngineFactory = Callable[[], InferenceEngine]
@@ -96,6 +101,15 @@ class EngineSupervisor:
                 await task
         if self.engine is not None:
             await self._shutdown_engine(self.engine)
+
+    def start_phases(self) -> dict[str, float]:
+        """Seconds each phase of the current engine's start took, as the engine reports them
+        (:class:`~gateway.engines.base.SupportsStartPhases`; empty for an engine that does
+        not)."""
+        engine = self.engine
+        if isinstance(engine, SupportsStartPhases):
+            return dict(engine.start_phases())
+        return {}
 
     async def wait_ready(self, timeout_s: float) -> InferenceEngine | None:
         """The engine once READY (waiting up to ``timeout_s``); None if not ready in time."""

@@ -62,6 +62,10 @@ class RequestRecord:
     queue_wait_s: float | None = None
     forecast_ttft_s: float | None = None
     """Admission's forecast of the time to first token (arrival to first token)."""
+    admitted_by: str | None = None
+    """``idle`` or ``probe``: admitted although its forecast missed the SLO (gateway.admission)."""
+    refused_while_idle: bool = False
+    """Refused by forecast while the engine was nearly idle (``ForecastRefusalsWhileIdle``)."""
     ttft_s: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -130,6 +134,10 @@ class RequestRecord:
             fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
         if self.tpot_s is not None:
             fields["tpot_ms"] = round(self.tpot_s * 1000, 3)
+        if self.admitted_by is not None:
+            fields["admitted_by"] = self.admitted_by
+        if self.refused_while_idle:
+            fields["refused_while_idle"] = True
         if self.warmup:
             fields["warmup"] = True
         return fields
@@ -183,6 +191,9 @@ class Telemetry:
             self.emit({mc.ADMISSION_REJECTIONS: 1},
                       dimensions={**self.dimensions, "Bucket": record.bucket or "unknown"},
                       **fields)
+            if record.refused_while_idle:
+                self.emit({mc.FORECAST_REFUSALS_WHILE_IDLE: 1}, event="refused_while_idle",
+                          request_id=record.request_id, bucket=record.bucket)
             return
         values: dict[mc.MetricSpec, float] = {mc.REQUEST_LATENCY: latency_s * 1000}
         if record.session_state in ("expired", "unknown"):

@@ -10,6 +10,10 @@ does /ping say healthy. Then a batch of short requests runs concurrently, so tha
 measures how an engine step slows as more sequences run (gateway.forecast.StepModel) before the
 first real burst has to be forecast. Warmup requests carry a per-process secret header so they
 are logged but not counted in the request metrics.
+
+The lifecycle runs this set twice (:mod:`gateway.lifecycle`): the first pass is the engine's
+first use of each shape — Triton compiling attention and LoRA kernels, the first load of each
+adapter — whose one-off seconds must not be learned as the engine's speed; the second measures.
 """
 
 from __future__ import annotations
@@ -94,6 +98,15 @@ def warmup_requests(settings: Settings, *, served_names: Sequence[str],
         "messages": [{"role": "user", "content": MANGA_CORPUS_EN[1]}],
     }))
     return requests
+
+
+def short_request(requests: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The body of the first ``short`` warmup request: the request whose idle forecast must
+    be within the SLO before /ping turns healthy."""
+    for label, body in requests:
+        if label.endswith("/short"):
+            return body
+    raise ValueError("the warmup set has no short request")
 
 
 def calibration_batch(settings: Settings) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ first-token forecast, first-come-first-served dispatch, and what the streams tea
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -88,10 +89,13 @@ def test_capacity_comes_from_the_engine_and_can_change() -> None:
 
 
 def controller(blocks: int = 100, *, slo_s: float = 2.0, watermark: float = 0.9,
-               max_running: int = 64) -> AdmissionController:
-    """A controller whose forecast believes 10 ms per engine step and instant prefills."""
+               max_running: int = 64, probe_interval_s: float = math.inf,
+               clock: Any = time.monotonic) -> AdmissionController:
+    """A controller whose forecast believes 10 ms per engine step and instant prefills (and,
+    unless ``probe_interval_s`` is given, that never probes its forecast)."""
     made = AdmissionController(ledger(blocks=blocks, watermark=watermark), ttft_slo_s=slo_s,
-                               max_running=max_running,
+                               max_running=max_running, probe_interval_s=probe_interval_s,
+                               clock=clock,
                                prior=StepPrior(step_s=0.010, step_s_per_sequence=0.0,
                                                first_token_s=0.010, prefill_tokens_per_s=1e9))
     return made
@@ -284,17 +288,37 @@ def test_forecasts_that_proved_optimistic_are_scaled_up() -> None:
     assert asyncio.run(scenario(late=True)) is RefusalReason.TTFT_SLO
 
 
-def test_the_calibration_is_bounded_and_ignores_tiny_forecasts() -> None:
+def test_the_calibration_moves_both_ways_is_bounded_and_ignores_tiny_forecasts() -> None:
     stats = ForecastStats()
     assert stats.calibration() == 1.0
     stats.observe(1.0, 0.1, slo_s=2.0)  # a 100 ms forecast: fixed costs, not the replay's error
-    assert stats.ratio_median() is None and stats.samples == 1
-    for _ in range(10):
+    assert stats.ratio_median() is None and stats.samples == 1 and stats.calibration() == 1.0
+    for _ in range(20):
         stats.observe(0.5, 1.0, slo_s=2.0)
-    assert stats.calibration() == 1.0  # early is never shortened
+    assert stats.calibration() == pytest.approx(0.5, rel=0.01)  # early shortens it too
+    stats.observe(1.0, 1.0, slo_s=2.0)  # one first token right on time moves it by the gain
+    assert stats.calibration() == pytest.approx(0.5 ** 0.7, rel=0.01)
     for _ in range(100):
         stats.observe(10.0, 1.0, slo_s=2.0)
     assert stats.calibration() == 4.0 and stats.late == 100
+    for _ in range(100):
+        stats.observe(0.0001, 1.0, slo_s=2.0)
+    assert stats.calibration() == pytest.approx(1 / 64)
+    stats.reset()
+    assert stats.calibration() == 1.0 and stats.samples == 0 and stats.ratio_median() is None
+
+
+def test_the_calibration_crosses_a_tenfold_pessimism_within_seven_first_tokens() -> None:
+    """The worst case docs/design-decisions.md#forecast-lock-out states: a forecast 64 times
+    too pessimistic for a request that really takes two thirds of the SLO is within the SLO
+    after seven first tokens (gain 0.3: the excess shrinks to 0.7^k of its logarithm)."""
+    stats = ForecastStats()
+    slo_s, actual_s, raw_s = 2.0, 2.0 / 1.5, 64 * 2.0 / 1.5
+    tokens = 0
+    while raw_s * stats.calibration() > slo_s:
+        stats.observe(actual_s, raw_s, slo_s=slo_s)
+        tokens += 1
+    assert tokens == 7
 
 
 def choices_request(tokens: int, max_tokens: int = 100, sequences: int = 3,
@@ -463,3 +487,123 @@ def test_warmup_is_queued_not_refused_by_the_forecast() -> None:
     rejected, warmup = asyncio.run(scenario())
     assert rejected.reason is RefusalReason.TTFT_SLO
     assert warmup.blocks > 0
+
+
+# --- a forecast that can never lock the gateway out (docs/design-decisions.md#forecast-lock-out)
+def pessimistic(clock: FakeClock, *, probe_interval_s: float = math.inf,
+                slo_s: float = 0.5) -> AdmissionController:
+    """A controller whose forecast learned 3 s to a first token (a one-off compile, seen by 40
+    warmup requests)."""
+    made = AdmissionController(
+        AdmissionLedger(KvCapacity(1000, 16), watermark=0.9,
+                        bucket_caps=dict.fromkeys(CAPS, 64)),
+        ttft_slo_s=slo_s, max_running=64, clock=clock, probe_interval_s=probe_interval_s,
+        prior=StepPrior(step_s=0.010, step_s_per_sequence=0.0, first_token_s=3.0,
+                        prefill_tokens_per_s=1e9))
+    for prompt_tokens in (100, 200, 300, 400) * 10:
+        made.first_token.observe(prompt_tokens, 3.0)
+    return made
+
+
+def test_an_idle_engine_never_refuses_whatever_the_forecast_says() -> None:
+    """Nothing running, nothing queued: the forecast has nobody to protect, so the request is
+    dispatched (and counted); the next one, competing with it, is refused by the forecast, and
+    since the engine is nearly idle that refusal is flagged."""
+    async def scenario() -> tuple[KvReservation, AdmissionRejected, AdmissionController]:
+        admission = pessimistic(FakeClock())
+        held = await admission.acquire(request(300, bucket=LengthBucket.S), max_wait_s=1.0)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(request(300, bucket=LengthBucket.S), max_wait_s=1.0)
+        admission.release(held)
+        return held, caught.value, admission
+
+    held, rejected, admission = asyncio.run(scenario())
+    assert held.override == "idle" and held.forecast_ttft_s == pytest.approx(3.0)
+    assert rejected.reason is RefusalReason.TTFT_SLO and rejected.while_idle
+    arrivals = admission.arrivals
+    assert (arrivals.idle_admits, arrivals.refused_by_forecast, arrivals.refused_while_idle) == (
+        1, 1, 1)
+    assert admission.idle_forecast_s(200) == pytest.approx(3.0)
+
+
+def test_a_refusal_under_load_is_not_flagged_as_idle() -> None:
+    async def scenario() -> AdmissionRejected:
+        admission = pessimistic(FakeClock())
+        admission.max_running = 8  # nearly idle: at most one running
+        held = [await admission.acquire(request(300, bucket=LengthBucket.S), max_wait_s=1.0)]
+        admission.learning = False
+        held.append(await admission.acquire(request(300, bucket=LengthBucket.S), max_wait_s=1.0,
+                                            by_forecast=False))
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(request(300, bucket=LengthBucket.S), max_wait_s=1.0)
+        for reservation in held:
+            admission.release(reservation)
+        return caught.value
+
+    rejected = asyncio.run(scenario())
+    assert rejected.reason is RefusalReason.TTFT_SLO and not rejected.while_idle
+
+
+def test_while_refusing_by_forecast_one_request_a_probe_interval_is_admitted() -> None:
+    async def scenario() -> list[str | None]:
+        clock = FakeClock()
+        admission = pessimistic(clock, probe_interval_s=1.0)
+        outcomes: list[str | None] = []
+        held = []
+        for step in range(9):  # one arrival every 0.25 s for 2 s
+            try:
+                held.append(await admission.acquire(request(300, bucket=LengthBucket.S),
+                                                    max_wait_s=1.0))
+                outcomes.append(held[-1].override)
+            except AdmissionRejected as rejected:
+                outcomes.append(rejected.reason.value)
+            clock.now += 0.25
+            del step
+        for reservation in held:
+            admission.release(reservation)
+        return outcomes
+
+    assert asyncio.run(scenario()) == [
+        "idle", "probe", "ttft_slo", "ttft_slo", "ttft_slo", "probe", "ttft_slo", "ttft_slo",
+        "ttft_slo"]
+
+
+def test_a_pessimistic_forecast_recovers_within_the_stated_time_while_requests_keep_arriving(
+) -> None:
+    """The lock-out of issue 30, in the controller: the forecast learned 3 s to a first token
+    that really comes in 0.1 s; requests arrive every 0.25 s and each runs 2 s, so the engine
+    is never idle again. The probes' first tokens correct the calibration: within the stated
+    bound (docs/design-decisions.md#forecast-lock-out: k probe intervals plus one first token,
+    k = 2 here) every arrival is admitted by its forecast, no override needed."""
+    async def scenario() -> tuple[float | None, list[str]]:
+        clock = FakeClock()
+        start = clock.now
+        admission = pessimistic(clock, probe_interval_s=1.0, slo_s=1.0)
+        running: list[tuple[float, float, KvReservation]] = []  # first token at, end, held
+        recovered_at: float | None = None
+        outcomes: list[str] = []
+        while clock.now - start < 12.0:
+            for entry in [e for e in running if e[0] <= clock.now]:
+                admission.progress(entry[2], 1)
+                running[running.index(entry)] = (math.inf, entry[1], entry[2])
+            for entry in [e for e in running if e[1] <= clock.now]:
+                running.remove(entry)
+                admission.release(entry[2])
+            try:
+                held = await admission.acquire(request(300, bucket=LengthBucket.S),
+                                               max_wait_s=1.0)
+                running.append((clock.now + 0.1, clock.now + 2.0, held))
+                outcomes.append(held.override or "forecast")
+                if held.override is None and recovered_at is None:
+                    recovered_at = clock.now - start
+            except AdmissionRejected as rejected:
+                outcomes.append(rejected.reason.value)
+            clock.now += 0.25
+        for entry in running:
+            admission.release(entry[2])
+        return recovered_at, outcomes
+
+    recovered_at, outcomes = asyncio.run(scenario())
+    assert recovered_at is not None and recovered_at <= 2 * 1.0 + 0.1 + 0.25, outcomes
+    after = outcomes[int(recovered_at / 0.25):]
+    assert set(after) == {"forecast"}, outcomes

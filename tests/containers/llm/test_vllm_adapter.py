@@ -346,7 +346,8 @@ def test_start_builds_off_the_event_loop_and_reports_the_real_pool(settings: Any
     engine = make_engine(settings)
     asyncio.run(engine.start())
     (llm,) = FakeAsyncLLM.instances
-    assert blocking_calls == ["create_engine_config", "from_vllm_config"]
+    # vLLM's import too: torch and vLLM take seconds to import, /ping must keep answering.
+    assert blocking_calls == ["fake_api", "create_engine_config", "from_vllm_config"]
     assert llm.engine_args.kwargs == engine_arguments(settings)
     assert len(llm.stat_loggers) == 1
     capacity = engine.kv_capacity()
@@ -460,7 +461,8 @@ def test_without_vllm_installed_start_says_so(settings: Any) -> None:
         raise ImportError("No module named 'vllm'")
 
     engine = VllmEngine(settings, api_loader=missing)
-    with pytest.raises(EngineError, match="vLLM is not installed in this image"):
+    with pytest.raises(EngineConfigError,
+                       match="vLLM cannot be imported in this image: ImportError: No module"):
         asyncio.run(engine.start())
 
 

@@ -242,6 +242,15 @@ class SupportsChatRendering(Protocol):
 
 
 @runtime_checkable
+class SupportsStartPhases(Protocol):
+    """Engines that time the phases of their own start (logged on the ``start_phase`` line)."""
+
+    def start_phases(self) -> Mapping[str, float]:
+        """``{phase: seconds}`` of the last :meth:`InferenceEngine.start`, in start order."""
+        ...
+
+
+@runtime_checkable
 class SupportsFaultInjection(Protocol):
     """Engines that can be told to die of an OOM on purpose (the simulator, in test mode)."""
 

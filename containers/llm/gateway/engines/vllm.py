@@ -52,6 +52,7 @@ import logging
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,6 +282,13 @@ def token_ids_of(rendered: Any) -> list[int]:
     return [int(token) for token in ids]
 
 
+def _lap(phases: dict[str, float], phase: str, since: float) -> float:
+    """Record ``phase`` as having taken the time since ``since``; the time now."""
+    now = time.monotonic()
+    phases[phase] = now - since
+    return now
+
+
 def _finish_reason(value: str | None) -> FinishReason | None:
     if value is None:
         return None
@@ -335,6 +343,7 @@ class VllmEngine:
         self._write_zero_adapter = zero_adapter_writer
         self._base_lora_request: Any = None
         self._base_adapter_dir: Path | None = None
+        self._phases: dict[str, float] = {}
 
     @property
     def arguments(self) -> Mapping[str, Any]:
@@ -350,10 +359,16 @@ class VllmEngine:
         engine itself (weights, profiling, the KV pool, the core process) with EngineError or
         EngineOutOfMemory, which the supervisor retries.
         """
+        phases = self._phases
+        phases.clear()
+        mark = time.monotonic()
         try:
-            api = self._api = self._api_loader()
-        except ImportError as error:
-            raise EngineError(f"vLLM is not installed in this image: {error}") from error
+            api = self._api = await self._run_blocking(self._api_loader)
+        except ImportError as error:  # cannot heal by retrying: the image is wrong
+            raise EngineConfigError(
+                f"vLLM cannot be imported in this image: {type(error).__name__}: {error}") \
+                from error
+        mark = _lap(phases, "vllm_import", mark)
         self._check_block_size(api)
         engine_args = api.AsyncEngineArgs(**self._arguments)
         try:
@@ -362,6 +377,7 @@ class VllmEngine:
             if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
                 raise
             raise self._config_error(error) from error
+        mark = _lap(phases, "engine_config", mark)
         try:
             self._engine = await self._run_blocking(
                 api.AsyncLLM.from_vllm_config,
@@ -378,6 +394,7 @@ class VllmEngine:
                     from error
             raise EngineError(f"vLLM failed to start: {type(error).__name__}: {error}") \
                 from error
+        mark = _lap(phases, "engine_core", mark)
         cache = self._engine.vllm_config.cache_config
         if not cache.num_gpu_blocks:
             raise EngineError("vLLM started without a KV cache (cache_config.num_gpu_blocks=0)")
@@ -392,6 +409,15 @@ class VllmEngine:
         await self._register_adapters(api)
         if api.device_type in ZERO_ADAPTER_PLATFORMS and self._lora_requests:
             await self._register_base_adapter(api)
+        _lap(phases, "adapters", mark)
+
+    def start_phases(self) -> dict[str, float]:
+        """Seconds of each phase of the last :meth:`start`: ``vllm_import`` (torch and vLLM),
+        ``engine_config`` (vLLM validates the arguments against the model), ``engine_core``
+        (``AsyncLLM.from_vllm_config``: the engine-core process's spawn, weight load, KV-cache
+        profiling and allocation, torch.compile and CUDA-graph capture unless eager — vLLM's
+        own log lines split it further), ``adapters`` (LoRA registration)."""
+        return dict(self._phases)
 
     async def _register_base_adapter(self, api: VllmApi) -> None:
         """Serve the base model through a zero copy of a loaded adapter (see the docstring)."""

@@ -1,0 +1,133 @@
+"""A cold host: the engine's first use of each shape is slow (a kernel compile), and a gateway
+that learned that as its speed refused every request while /ping said healthy (issue 30).
+
+The simulator's ``SIM_FIRST_USE_S`` makes the first prefill of each prompt-length class and of
+each adapter that much slower, once. Warmup's first pass pays it and teaches admission nothing;
+/ping turns healthy only once a short request on the idle engine is forecast within the SLO;
+after that an idle gateway serves, and a forecast gone wrong corrects itself
+(docs/design-decisions.md#forecast-lock-out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.app import GatewayRuntime
+from gateway.tokenizer import ChatTokenizer
+from tests.containers.llm.harness import GatewayProcess
+from tests.support.demo_model import synthetic_conversation
+
+COLD = {"SIM_FIRST_USE_S": "1.0", "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",
+        "GATEWAY_TTFT_SLO_S": "0.5", "GATEWAY_WARMUP_TIMEOUT_S": "120"}
+"""A first use of each shape takes 1 s, twice the TTFT SLO; a step 5 ms."""
+
+
+def short_chat(index: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"({index}) Recommend a manga like "
+                                                      "Frieren, please."}],
+            "max_tokens": 8, "stream": False}
+
+
+def test_a_cold_host_serves_ten_requests_one_second_apart_after_warmup(
+        start_gateway: Any) -> None:
+    gateway: GatewayProcess = start_gateway(COLD)
+    ping = gateway.wait_ready(timeout_s=120)
+    assert ping["status"] == "healthy"
+    statuses, ttfts = [], []
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        for index in range(10):
+            started = time.monotonic()
+            response = client.post("/v1/chat/completions", json=short_chat(index))
+            statuses.append(response.status_code)
+            ttfts.append(time.monotonic() - started)
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        admission = client.get("/ping").json()["admission"]
+    assert statuses == [200] * 10, statuses
+    assert max(ttfts) < 0.5, ttfts
+    assert admission["refused_by_forecast"] == 0 and admission["refused_while_idle"] == 0
+    phases = {line["phase"]: line for line in gateway.lines() if line.get("event") == "start_phase"}
+    assert list(phases) == ["engine_start", "warmup_first_use", "warmup_measure", "healthy"]
+    # The first pass paid the compiles (several shapes at 1 s each), the second did not.
+    assert phases["warmup_first_use"]["seconds"] > 3.0
+    assert phases["warmup_measure"]["seconds"] < phases["warmup_first_use"]["seconds"] / 2
+
+
+@contextlib.asynccontextmanager
+async def running(runtime: GatewayRuntime) -> AsyncIterator[httpx.AsyncClient]:
+    """The runtime's lifespan (engine start, warmup) and a client on its app, once healthy."""
+    async with runtime.lifecycle.lifespan(runtime.app):
+        deadline = time.monotonic() + 60
+        while not runtime.lifecycle.warmed_up:
+            assert time.monotonic() < deadline, runtime.lifecycle.warmup_progress
+            assert runtime.lifecycle.failure_reason is None, runtime.lifecycle.failure_reason
+            await asyncio.sleep(0.05)
+        transport = httpx.ASGITransport(app=runtime.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
+                                     timeout=30.0) as client:
+            yield client
+
+
+def test_a_forecast_learned_from_one_off_costs_does_not_lock_an_idle_gateway_out(
+        make_runtime: Any) -> None:
+    """The lock-out itself, forced: after warmup the first-token model is taught that a first
+    token takes 5 s (ten times the SLO). An idle engine still serves every request, and those
+    first tokens bring the forecast back within the SLO."""
+    runtime, _ = make_runtime(**COLD)
+
+    async def scenario() -> tuple[list[int], float]:
+        async with running(runtime) as client:
+            for prompt_tokens in (50, 100, 200, 400) * 20:
+                runtime.admission.first_token.observe(prompt_tokens, 5.0)
+            statuses = []
+            for index in range(10):
+                statuses.append((await client.post("/invocations",
+                                                   json=short_chat(index))).status_code)
+                await asyncio.sleep(0.05)
+            return statuses, runtime.admission.idle_forecast_s(100)
+
+    statuses, forecast_s = asyncio.run(scenario())
+    assert statuses == [200] * 10
+    assert forecast_s < 0.5
+
+
+def test_the_burst_after_a_slow_burst_is_refused_no_more_than_before_it(
+        make_runtime: Any, chat_tokenizer: ChatTokenizer) -> None:
+    """A burst of twice what the KV pool holds; then one of eight times; then the first burst
+    again. The calibration moves both ways and its evidence ages, so the repeat is refused no
+    more often than the first (before issue 30: 14 of 18 refused, then 17 of 18)."""
+    runtime, _ = make_runtime(ENGINE_MAX_MODEL_LEN="1024", ENGINE_NUM_GPU_BLOCKS="320",
+                              SIM_STEP_TIME_S="0.005", SIM_EOS_PROBABILITY="0",
+                              GATEWAY_TTFT_SLO_S="0.7", GATEWAY_RETRY_AFTER_S="1")
+    bodies = [{"messages": synthetic_conversation(chat_tokenizer.tokenizer, turns=7,
+                                                  tokens_per_turn=100, seed=seed),
+               "max_tokens": 100} for seed in range(8 * POOL)]
+
+    async def burst(client: httpx.AsyncClient, size: int) -> int:
+        responses = await asyncio.gather(*(client.post("/invocations", json=body)
+                                           for body in bodies[:size]))
+        assert {response.status_code for response in responses} <= {200, 429}
+        return sum(response.status_code == 429 for response in responses)
+
+    async def scenario() -> tuple[int, int, int, float]:
+        async with running(runtime) as client:
+            first = await burst(client, 2 * POOL)
+            await asyncio.sleep(1.0)
+            slow = await burst(client, 8 * POOL)
+            calibration = runtime.admission.forecasts.calibration(runtime.admission.clock())
+            await asyncio.sleep(3.0)
+            return first, slow, await burst(client, 2 * POOL), calibration
+
+    first, slow, repeat, calibration = asyncio.run(scenario())
+    assert 0.25 < calibration < 4.0
+    assert slow > first > 0
+    assert repeat <= first, (first, slow, repeat)
+
+
+POOL = 9
+"""Requests the 320-block pool holds (each ~530 prompt tokens, ~630 at its end)."""
