@@ -61,6 +61,12 @@ VLLM_QUANTIZATIONS: tuple[str, ...] = ("awq", "awq_marlin", "compressed-tensors"
 """``quantization`` values the GPU budget can plan (:func:`gpu_budget.vllm_quantization_for`)."""
 
 DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16", "float32")
+
+LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
+"""``load_format`` values the platform uses (vLLM's ``LoadFormats`` has more)."""
+
+ATTENTION_BACKENDS: tuple[str, ...] = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
+"""``attention_backend`` names (vLLM's ``AttentionBackendEnum`` members) the platform uses."""
 """Activation dtypes: the plan writes auto or float16; the CPU test tier runs bfloat16."""
 
 DEFAULT_INSTANCE_TYPE = "ml.g5.xlarge"
@@ -95,6 +101,9 @@ class EngineArg:
     low_open: bool = False
     vllm_name: str = ""
     lora_only: bool = False
+    measurement_only: tuple[Value, ...] = ()
+    """Values only a measurement on a GPU host may use (random weights): a deployed stage's
+    plan refuses them (:func:`checked_engine_args`)."""
 
     @property
     def env(self) -> str:
@@ -235,6 +244,15 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("enforce_eager", bool, False, "Disable CUDA graphs.", _ENGINE_ARGS_DOC),
     EngineArg("max_num_queued_reqs", int, None,
               "vLLM's own queue bound (it answers 503 above it).", _ENGINE_ARGS_DOC, minimum=1),
+    EngineArg("load_format", str, None,
+              "How vLLM loads the weights: auto, safetensors, or dummy (random weights from "
+              "config.json: tools/gpu_smoke.sh's measurement-only runs; unset: auto).",
+              "dummy measures speed on a host without the weights; a deployed stage refuses it",
+              choices=LOAD_FORMATS, measurement_only=("dummy",)),
+    EngineArg("attention_backend", str, None,
+              "vLLM's attention backend (unset: vLLM chooses; TRITON_ATTN where FlashAttention "
+              "is not installed, e.g. the offline GPU host kit).",
+              "the GPU smoke test on hosts without FlashAttention", choices=ATTENTION_BACKENDS),
     EngineArg("num_gpu_blocks", int, None,
               "KV pool size in blocks: the simulator's pool (default 2048); for vLLM an "
               "override of its own profiling (num_gpu_blocks_override).",
@@ -268,7 +286,11 @@ def checked_engine_args(args: Mapping[str, Value | None]) -> dict[str, Value | N
     its row; raises :class:`EngineArgError` or ValueError (not in the table)."""
     for field, value in args.items():
         if value is not None:
-            engine_arg_for_field(field).check(value)
+            arg = engine_arg_for_field(field)
+            arg.check(value)
+            if value in arg.measurement_only:
+                raise EngineArgError(arg, value, "only a measurement on a GPU host may use it "
+                                                 "(tools/gpu_smoke.sh); a deployed stage never does")
     return dict(args)
 
 

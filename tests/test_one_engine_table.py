@@ -204,3 +204,12 @@ def test_the_docs_show_the_table() -> None:
 
     docs = (REPO_ROOT / "docs" / "gpu-budget.md").read_text(encoding="utf-8")
     assert engine_table_markdown() in docs, "regenerate it with engine_table_markdown()"
+
+
+def test_random_weights_are_for_measurement_only() -> None:
+    """ENGINE_LOAD_FORMAT=dummy serves random weights (tools/gpu_smoke.sh on a host without the
+    weights); the container accepts it, a deployed stage's plan refuses it."""
+    assert load_gateway_settings({"ENGINE_LOAD_FORMAT": "dummy"}).engine.load_format == "dummy"
+    sized = plan(LLAMA_8B, quantization="awq", instance="ml.g5.xlarge", max_model_len=4096)
+    with pytest.raises(ValueError, match="ENGINE_LOAD_FORMAT='dummy': only a measurement"):
+        sized.engine_env({"load_format": "dummy"})

@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# GPU smoke test of the LLM serving path: our gateway + vLLM 0.33 on a real NVIDIA GPU.
+# GPU smoke test of the LLM serving path: our gateway + vLLM 0.33 on a real NVIDIA GPU, on a host
+# with or without network (docs/develop.md#the-gpu-smoke-test-on-a-gpu-host).
 #
-# Run it on a GPU host (driver >= 580, CUDA 13 capable; e.g. a g5/g6 EC2 instance with the
-# Deep Learning AMI, or inside the vllm/vllm-openai:v0.33.0 image) before the first deploy:
+#   make gpu-smoke                                   # online: Qwen/Qwen2.5-0.5B-Instruct
+#   MODEL_DIR=/models/m make gpu-smoke               # a local model directory (offline)
+#   MODEL_DIR=/models/shape LOAD_FORMAT=dummy ATTENTION_BACKEND=TRITON_ATTN make gpu-smoke
+#       # measurement only: random weights from config.json and a tokenizer (no weight files)
 #
-#   make gpu-smoke                        # Qwen/Qwen2.5-0.5B-Instruct from the Hugging Face Hub
-#   MODEL_DIR=/path/to/model make gpu-smoke   # or tools/gpu_smoke.sh itself
+# Python: $SMOKE_PYTHON when it can import vllm (an offline host's own environment, e.g. the
+# ../shared/gpu-host kit's), else a venv it builds with vllm==0.33.0 (needs network). The model:
+# $MODEL_DIR (config.json, tokenizer, and weights unless LOAD_FORMAT=dummy), else MODEL_ID from
+# the Hub. A rank-8 LoRA adapter is made from config.json's shapes alone (no weights needed) in
+# $MODEL_DIR/adapters/smoke unless one is there.
 #
-# It builds a venv with vllm==0.33.0 and the gateway, downloads a small public instruct model,
-# makes a random rank-8 LoRA adapter for it with peft, starts `serve --engine vllm`, waits for
-# /ping to turn 200 (warmup included), then checks: a multi-turn conversation, a request routed
-# to the adapter, a streaming request, and the gateway's KV report. Exit 0 only if all pass.
-#
-# Then it measures the decode-speed curve the capacity model sizes the fleet with
-# (python -m tools.decode_bench: time to first token and time per output token, p50 and p99, at
-# each of DECODE_BATCH_SIZES streamed requests in flight) and writes it into config/decode_speed.json
-# (DECODE_TABLE), replacing the estimate of the same key. To measure production's profile, serve
-# its checkpoint with its engine settings and name its key:
+# It reports, in this order:
+#   1. cold start: seconds from `serve` to /ping 200, each start phase the gateway logged, then
+#      COLD_REQUESTS (10) short streamed chats COLD_INTERVAL (1) s apart: status and TTFT each,
+#      "N/10 served";
+#   2. the smoke checks: a multi-turn conversation, a request routed to the adapter, a streaming
+#      request, the KV pool the engine reported against the GPU budget's plan;
+#   3. the decode-speed profile (python -m tools.decode_bench: TTFT and TPOT p50/p99 at each of
+#      DECODE_BATCH_SIZES in flight) through the gateway, then through vLLM's own OpenAI server on
+#      the same engine settings (VLLM_COMPARE=0 skips it), side by side with their ratio.
+# DECODE_WRITE=1 also writes the gateway's profile into config/decode_speed.json (DECODE_TABLE)
+# under DECODE_KEY, replacing the estimate of that key (never with LOAD_FORMAT=dummy's random
+# weights unless DECODE_KEY is given: answers' lengths are random then). To measure
+# production's profile, serve its checkpoint with its engine settings and name its key:
 #
 #   MODEL_DIR=/models/llama-3-8b-instruct-w4a16 ENGINE_MAX_NUM_SEQS=88 ENGINE_QUANTIZATION=compressed-tensors \
 #   DECODE_KEY="NVIDIA A10G|llama-3-8b-instruct|w4a16 int4 g128|auto" DECODE_BATCH_SIZES=1,8,16,32,48,64,88 \
-#   make gpu-smoke
+#   DECODE_WRITE=1 make gpu-smoke
 #
-# (the key is `python -m tools.capacity plan --env prod`'s "Decode speed" line). DECODE_WRITE=0
-# prints the profile instead of writing it.
+# (the key is `python -m tools.capacity plan --env prod`'s "Decode speed" line).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -41,31 +49,34 @@ log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | hea
 [ "${driver%%.*}" -ge 580 ] || fail "driver $driver < 580: vLLM 0.33's CUDA 13 build will not run"
 
 mkdir -p "$work"
-if [ ! -x "$work/venv/bin/python" ]; then
-  log "creating $work/venv (vllm==0.33.0, peft, gateway requirements)"
-  "$python" -m venv "$work/venv"
-  "$work/venv/bin/pip" install --quiet -r "$here/containers/llm/requirements.txt" peft huggingface_hub
+if [ -n "${SMOKE_PYTHON:-}" ] && "$SMOKE_PYTHON" -c 'import vllm' 2>/dev/null; then
+  venv_python="$SMOKE_PYTHON"
+  log "using $venv_python (vllm $("$venv_python" -c 'import vllm; print(vllm.__version__)'))"
+else
+  if [ ! -x "$work/venv/bin/python" ]; then
+    log "creating $work/venv (vllm==0.33.0, gateway requirements; needs network)"
+    "$python" -m venv "$work/venv"
+    "$work/venv/bin/pip" install --quiet -r "$here/containers/llm/requirements.txt" huggingface_hub
+  fi
+  venv_python="$work/venv/bin/python"
 fi
-venv_python="$work/venv/bin/python"
+
+# The smoke test's Python steps (tools/gpu_smoke_report.py), in its environment.
+report() {
+  (cd "$here" && PYTHONPATH="$here" "$venv_python" -c \
+    'import sys; from tools.gpu_smoke_report import main; sys.exit(main(sys.argv[1:]))' "$@")
+}
 
 model_dir="${MODEL_DIR:-$work/model}"
 if [ ! -f "$model_dir/config.json" ]; then
+  [ -z "${MODEL_DIR:-}" ] || fail "$model_dir/config.json missing: MODEL_DIR must be a model directory"
   log "downloading $model_id to $model_dir"
   "$venv_python" -c "from huggingface_hub import snapshot_download as d; d('$model_id', local_dir='$model_dir')"
 fi
 adapter_dir="$model_dir/adapters/smoke"
 if [ ! -f "$adapter_dir/adapter_config.json" ]; then
-  log "creating a random rank-8 LoRA adapter in $adapter_dir"
-  "$venv_python" - "$model_dir" "$adapter_dir" <<'PY'
-import sys
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
-
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.bfloat16)
-config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-get_peft_model(model, config).save_pretrained(sys.argv[2])
-PY
+  log "creating a random rank-8 LoRA adapter in $adapter_dir (from config.json's shapes)"
+  report adapter "$model_dir" "$adapter_dir"
 fi
 
 export PYTHONPATH="$here:$here/containers/llm"
@@ -81,22 +92,30 @@ export ENGINE_MAX_NUM_BATCHED_TOKENS="${ENGINE_MAX_NUM_BATCHED_TOKENS:-2048}"
 export ENGINE_ENABLE_LORA=true ENGINE_MAX_LORAS=1 ENGINE_MAX_LORA_RANK=8
 export ENGINE_DTYPE="${ENGINE_DTYPE:-auto}" ENGINE_QUANTIZATION="${ENGINE_QUANTIZATION:-}"
 export ENGINE_KV_CACHE_DTYPE="${ENGINE_KV_CACHE_DTYPE:-auto}"
+# Measurement-only engine arguments (docs/gateway.md: a deployed stage refuses dummy weights).
+if [ -n "${LOAD_FORMAT:-}" ]; then export ENGINE_LOAD_FORMAT="$LOAD_FORMAT"; fi
+if [ -n "${ATTENTION_BACKEND:-}" ]; then export ENGINE_ATTENTION_BACKEND="$ATTENTION_BACKEND"; fi
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
 # The gateway's own caps must not hide the engine's batching while measuring.
 export GATEWAY_BUCKET_CAPS="S=${ENGINE_MAX_NUM_SEQS},M=${ENGINE_MAX_NUM_SEQS},L=${ENGINE_MAX_NUM_SEQS},XL=${ENGINE_MAX_NUM_SEQS}"
 
 log_file="$work/serve.log"
 log "starting serve --engine vllm on :$port (log: $log_file)"
+started=$SECONDS
 "$venv_python" "$here/containers/llm/serve" --engine vllm --port "$port" >"$log_file" 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
+vllm_server=""
+trap 'kill $server $vllm_server 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 
 deadline=$((SECONDS + ${STARTUP_TIMEOUT_S:-900}))
 until curl -fsS "http://127.0.0.1:$port/ping" >/dev/null 2>&1; do
   kill -0 "$server" 2>/dev/null || { tail -n 50 "$log_file" >&2; fail "serve exited during start"; }
   [ "$SECONDS" -lt "$deadline" ] || { tail -n 50 "$log_file" >&2; fail "/ping not 200 in time"; }
-  sleep 5
+  sleep 1
 done
-log "/ping: $(curl -fsS "http://127.0.0.1:$port/ping")"
+log "cold start: /ping 200 after $((SECONDS - started)) s; phases: $(grep '"start_phase"' "$log_file" | tr '\n' ' ')"
+report cold --url "http://127.0.0.1:$port" --requests "${COLD_REQUESTS:-10}" \
+  --interval "${COLD_INTERVAL:-1}" || fail "cold start: a request was not served"
 
 chat() {
   curl -fsS "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' -d "$1"
@@ -135,11 +154,31 @@ PY
 )"
 decode_key="${DECODE_KEY:-$gpu_name|$(basename "${MODEL_DIR:-$model_id}")|$quantization|$ENGINE_KV_CACHE_DTYPE}"
 decode_table="${DECODE_TABLE:-$here/config/decode_speed.json}"
-log "decode speed for $decode_key at batch sizes ${DECODE_BATCH_SIZES:-1,4,16,32}"
-bench_args=(--url "http://127.0.0.1:$port" --key "$decode_key"
-  --batch-sizes "${DECODE_BATCH_SIZES:-1,4,16,32}"
+bench_args=(--key "$decode_key" --batch-sizes "${DECODE_BATCH_SIZES:-1,4,16,32}"
   --prompt-tokens "${DECODE_PROMPT_TOKENS:-900}" --output-tokens "${DECODE_OUTPUT_TOKENS:-190}")
-if [ "${DECODE_WRITE:-1}" = 1 ]; then bench_args+=(--write "$decode_table"); fi
-(cd "$here" && "$venv_python" -m tools.decode_bench "${bench_args[@]}") \
-  || fail "decode-speed measurement failed"
+log "decode speed for $decode_key at batch sizes ${DECODE_BATCH_SIZES:-1,4,16,32}, through the gateway"
+(cd "$here" && "$venv_python" -m tools.decode_bench --url "http://127.0.0.1:$port" \
+  --target "the gateway" "${bench_args[@]}") > "$work/profile-gateway.json" \
+  || fail "decode-speed measurement through the gateway failed"
+if [ "${DECODE_WRITE:-0}" = 1 ]; then
+  report write --profile "$work/profile-gateway.json" --table "$decode_table" \
+    || fail "could not write the profile into $decode_table"
+fi
+if [ "${VLLM_COMPARE:-1}" = 1 ]; then
+  kill "$server"; wait "$server" 2>/dev/null || true
+  vllm_port=$((port + 1))
+  log "vLLM's own OpenAI server on :$vllm_port, same engine settings (log: $work/vllm.log)"
+  mapfile -t vllm_args < <(report vllm-args)
+  "$venv_python" -m vllm.entrypoints.openai.api_server --port "$vllm_port" "${vllm_args[@]}" \
+    > "$work/vllm.log" 2>&1 &
+  vllm_server=$!
+  until curl -fsS "http://127.0.0.1:$vllm_port/health" >/dev/null 2>&1; do
+    kill -0 "$vllm_server" 2>/dev/null || { tail -n 50 "$work/vllm.log" >&2; fail "vLLM's server exited"; }
+    sleep 2
+  done
+  (cd "$here" && "$venv_python" -m tools.decode_bench --url "http://127.0.0.1:$vllm_port" \
+    --target "vLLM's own server" "${bench_args[@]}") > "$work/profile-vllm.json" \
+    || fail "decode-speed measurement through vLLM's server failed"
+  report compare "$work/profile-gateway.json" "$work/profile-vllm.json"
+fi
 log "PASS"

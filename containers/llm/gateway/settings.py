@@ -143,6 +143,8 @@ class EngineSettings:
     enable_prefix_caching: bool
     enforce_eager: bool
     max_num_queued_reqs: int | None
+    load_format: str | None
+    attention_backend: str | None
 
 
 @dataclass(frozen=True)

@@ -69,13 +69,13 @@ class Servers:
         self.started: list[ServerProcess] = []
 
     def gateway(self, engine: EngineConfig | None = None, *, served: Served | None = None,
-                **env: str) -> ServerProcess:
-        """``serve --engine vllm`` (not yet waited for)."""
+                python: Path | None = None, **env: str) -> ServerProcess:
+        """``serve --engine vllm`` (not yet waited for; ``python``: another interpreter)."""
         port = free_port()
         engine = engine or EngineConfig()
         target = served or self.served
         server = ServerProcess(
-            gateway_command(port=port, python=self.python),
+            gateway_command(port=port, python=python or self.python),
             port=port, log_dir=self.log_dir, name="gateway",
             env=gateway_env(target, engine, routing_table=ROUTING_TABLE,
                             GATEWAY_METRICS_INTERVAL_S="1",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -103,3 +104,19 @@ def test_a_retried_start_shows_the_last_error_in_ping_then_gives_up(servers: Ser
     assert server.process.wait(timeout=60) == 3
     (line,) = serve_lines(server)
     assert line.startswith("serve: engine start failed 2 times; last error:")
+
+
+def test_an_engine_that_cannot_be_imported_stops_the_start_within_seconds(
+        servers: Servers) -> None:
+    """The gateway under an interpreter without vLLM (the project's own venv): an import error
+    cannot heal, so it is a configuration error: exit 2 after one attempt, naming it."""
+    started = time.monotonic()
+    server = servers.gateway(python=Path(sys.executable))
+    code, _ = wait_exit(server, timeout_s=120)
+    elapsed = time.monotonic() - started
+    (line,) = serve_lines(server)
+    assert code == 2
+    assert line.startswith("serve: vLLM cannot be imported in this image: ModuleNotFoundError: "
+                           "No module named 'vllm'"), line
+    assert not server.events("engine_start_failed"), "an import error is never retried"
+    assert elapsed < 30, elapsed

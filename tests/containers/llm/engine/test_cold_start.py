@@ -1,0 +1,77 @@
+"""A cold start on the real engine (vLLM's CPU build): warmup while the CPU is saturated, then
+an idle gateway serves ten requests one second apart without one refusal (issue 30).
+
+Before issue 30, a warmup under load taught admission a first token of ~250 ms against a 90 ms
+SLO, and 0 of 10 requests sent one second apart to the idle gateway were served. Now the
+measuring pass repeats until the forecast for a short request on the idle engine is within the
+SLO (/ping says why meanwhile), and an idle engine never refuses whatever the forecast says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.containers.llm.engine.conftest import Servers
+from tests.support.cpu_engine import ServerProcess
+
+pytestmark = pytest.mark.engine
+SLO_S = 0.09
+
+
+@contextlib.contextmanager
+def saturated_cpu() -> Iterator[None]:
+    """One busy process per core until the block ends."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def wait_for_event(server: ServerProcess, *names: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.process.poll() is None, server.stderr_path.read_text()[-2000:]
+        for name in names:
+            if server.events(name):
+                return name
+        time.sleep(0.2)
+    raise AssertionError(f"none of {names} within {timeout_s} s")
+
+
+def test_after_a_warmup_under_load_an_idle_gateway_serves_every_request(
+        servers: Servers) -> None:
+    server = servers.gateway(GATEWAY_TTFT_SLO_S=str(SLO_S), GATEWAY_WARMUP_TIMEOUT_S="900")
+    wait_for_event(server, "start_phase", timeout_s=300)  # the engine is up; warmup begins
+    with saturated_cpu():
+        # The first measuring pass runs (and fails, or passes) under load; then the load goes.
+        wait_for_event(server, "warmup_forecast_over_slo", "warmup_complete", timeout_s=600)
+    server.wait_healthy("/ping", timeout_s=300)
+    statuses, ttfts = [], []
+    with httpx.Client(base_url=server.url, timeout=30.0) as client:
+        for index in range(10):
+            started = time.monotonic()
+            response = client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": f"({index}) One manga like Frieren?"}],
+                "max_tokens": 4})
+            statuses.append(response.status_code)
+            ttfts.append(round(time.monotonic() - started, 3))
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        admission = client.get("/ping").json()["admission"]
+    assert statuses == [200] * 10, (statuses, ttfts)
+    assert admission["refused_while_idle"] == 0
+    phases = [line["phase"] for line in server.events("start_phase")]
+    assert phases[:2] == ["engine_start", "warmup_first_use"] and phases[-1] == "healthy"
+    engine_start = server.events("start_phase")[0]
+    assert {"vllm_import", "engine_config", "engine_core", "adapters"} <= set(engine_start)
