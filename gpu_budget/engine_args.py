@@ -289,8 +289,9 @@ def checked_engine_args(args: Mapping[str, Value | None]) -> dict[str, Value | N
             arg = engine_arg_for_field(field)
             arg.check(value)
             if value in arg.measurement_only:
-                raise EngineArgError(arg, value, "only a measurement on a GPU host may use it "
-                                                 "(tools/gpu_smoke.sh); a deployed stage never does")
+                raise EngineArgError(arg, value, "only a measurement on a GPU host may use "
+                                                 "it (tools/gpu_smoke.sh); a deployed stage "
+                                                 "never does")
     return dict(args)
 
 

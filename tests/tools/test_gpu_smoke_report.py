@@ -64,8 +64,8 @@ def test_a_profile_is_written_into_the_table_and_checked(tmp_path: Path) -> None
     (tmp_path / "p.json").write_text(json.dumps(profile))
     assert write_profile(tmp_path / "p.json", table) == 0
     written = json.loads(table.read_text())
-    assert [p for p in written["profiles"] if p["gpu"] == "NVIDIA H200"][0]["points"][0][
-        "ttft_ms"]["p50"] == 50.0
+    h200 = next(p for p in written["profiles"] if p["gpu"] == "NVIDIA H200")
+    assert h200["points"][0]["ttft_ms"]["p50"] == 50.0
     (tmp_path / "p.json").write_text(json.dumps({**profile, "points": "x"}))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="points"):
         write_profile(tmp_path / "p.json", table)
