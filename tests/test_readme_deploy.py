@@ -100,8 +100,7 @@ def test_bootstrap_runs_the_pinned_cli_on_the_env() -> None:
                            capture_output=True, text=True, timeout=60, check=True).stdout
     settings = load_settings("prod")
     assert shown.split() == ["bootstrap", f"aws://{settings.account}/{settings.region}"]
-    cli = REPO_ROOT / "node_modules" / ".bin" / "cdk"
-    result = subprocess.run([str(cli), "bootstrap", "--help"], cwd=REPO_ROOT, capture_output=True,
+    result = subprocess.run([str(REPO_ROOT / cli), "bootstrap", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("cdk bootstrap [ENVIRONMENTS..]")
