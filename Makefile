@@ -154,7 +154,7 @@ lint: setup ## ruff; the complexity gate (radon, no function above 20) and the l
 typecheck: setup ## mypy on the application code, the operator commands, the checks and the test support
 	$(VENV)/bin/mypy app.py stacks tools checks tests/support metrics_contract request_buckets context_window serving_contract prompts intents artifact_manifest gpu_budget capacity_model release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 15 min (the first run also builds four venvs)
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 15 min; the first run builds the four other venvs before, about 30 min more
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
 
 test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build ## about 5 min
