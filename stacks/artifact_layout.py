@@ -2,8 +2,8 @@
 
 :func:`artifact_layout` turns the validated settings into the S3 keys. The stacks point the
 SageMaker models and the execution roles at them, ``make publish`` uploads to them,
-``make preflight`` checks them, and the README's and docs' key tables are its output
-(``python -m tools.publish --env <env> --show-layout``): nothing else spells a key.
+``make preflight`` checks them, and the key tables of docs/operate.md and docs/intent.md are its
+output (``python -m tools.publish --env <env> --show-layout``): nothing else spells a key.
 
     <llm.model.artifact_prefix>/                 the LLM's model data (S3Prefix, uncompressed)
         config.json, tokenizer*, *.safetensors   the base model at the root
@@ -70,7 +70,7 @@ class ArtifactLayout:
         return (self.llm, self.intent)
 
     def describe(self) -> str:
-        """The layout as the README shows it: one key per line."""
+        """The layout as docs/operate.md shows it: one key per line."""
         root = f"s3://{self.bucket}"
         lines = [
             f"LLM model data     {root}/{self.llm.model_data_key}",

@@ -1,10 +1,13 @@
 """The README's first-deploy sequence is what a new user can run, and the docs cannot drift.
 
-* every command of "A first deploy into an empty account" exists (a Makefile target that `make -n`
-  accepts with those arguments, or the pinned CDK CLI's bootstrap) and has its own tests;
-* the key table is the output of the key function (`--show-layout`), and docs/intent.md uploads
-  with `make publish` to that key, not by hand;
-* every example message in the section is what the code prints, byte for byte.
+* every command of the README's "A first deploy, in short" exists (a Makefile target that
+  `make -n` accepts with those arguments) and has its own tests; `make bootstrap` runs the pinned
+  CDK CLI's bootstrap on the environment's account and region;
+* the key table of docs/operate.md's "A first deploy into an empty account" is the output of the
+  key function (`--show-layout`), and docs/intent.md uploads with `make publish` to that key, not
+  by hand;
+* every example message in that section, and the deployment refusals of docs/operate.md, is what
+  the code prints, byte for byte.
 """
 
 from __future__ import annotations
@@ -34,25 +37,33 @@ from tools.preflight.checks import (
 from tools.publish.__main__ import main as publish
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-SECTION_START = "### A first deploy into an empty account"
+OPERATE = (REPO_ROOT / "docs" / "operate.md").read_text(encoding="utf-8")
+SEQUENCE_START = "## A first deploy, in short"
+SECTION_START = "## A first deploy into an empty account"
 
 TESTED_BY = {
     "setup": "tests/stacks/test_checks.py",  # every synth and test runs in what setup installs
+    "bootstrap": "tests/test_readme_deploy.py",  # test_bootstrap_runs_the_pinned_cli_on_the_env
     "deploy": "tests/tools/test_deploy_sequence.py",
     "publish": "tests/tools/test_publish.py",
     "preflight": "tests/tools/test_preflight.py",
 }
 
 
+def between(text: str, heading: str) -> str:
+    """The section of ``text`` under the level-2 ``heading``, up to the next level-2 heading."""
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end == -1 else text[start:end]
+
+
 def section() -> str:
-    start = README.index(SECTION_START)
-    end = README.index("\n### ", start + len(SECTION_START))
-    return README[start:end]
+    return between(OPERATE, SECTION_START)
 
 
 def commands() -> list[list[str]]:
-    """The first bash block's commands, continuations joined, comments dropped."""
-    block = re.search(r"```bash\n(.*?)```", section(), re.S)
+    """The README sequence's bash block's commands, continuations joined, comments dropped."""
+    block = re.search(r"```bash\n(.*?)```", between(README, SEQUENCE_START), re.S)
     assert block is not None
     text = block.group(1).replace("\\\n", " ")
     return [shlex.split(line, comments=True) for line in text.splitlines() if line.strip()]
@@ -60,8 +71,8 @@ def commands() -> list[list[str]]:
 
 def test_the_sequence_is_bootstrap_deploy_publish_preflight_deploy() -> None:
     steps = [" ".join(words[:2]) for words in commands()]
-    assert steps == ["make setup", "npx cdk", "make deploy", "make publish", "make preflight",
-                     "make deploy"]
+    assert steps == ["make setup", "make bootstrap", "make deploy", "make publish",
+                     "make preflight", "make deploy"]
 
 
 @pytest.mark.parametrize("words", [c for c in commands() if c[0] == "make"],
@@ -75,13 +86,21 @@ def test_every_make_command_exists_and_is_tested(words: list[str]) -> None:
     assert (REPO_ROOT / TESTED_BY[target]).is_file()
 
 
-def test_the_bootstrap_command_is_the_pinned_cli() -> None:
-    (bootstrap,) = [c for c in commands() if c[0] == "npx"]
-    assert bootstrap[1:3] == ["cdk", "bootstrap"]
-    assert re.fullmatch(r"aws://<account>/ap-northeast-1", bootstrap[3])
-    assert load_settings("prod").region == "ap-northeast-1"
-    cli = REPO_ROOT / "node_modules" / ".bin" / "cdk"
-    result = subprocess.run([str(cli), "bootstrap", "--help"], cwd=REPO_ROOT, capture_output=True,
+def test_bootstrap_runs_the_pinned_cli_on_the_env() -> None:
+    """`make bootstrap ENV=prod` is `cdk bootstrap aws://<prod's account>/<prod's region>` with
+    the pinned CLI: its recipe, as `make -n` prints it, run with `echo` for the CLI."""
+    (bootstrap,) = [c for c in commands() if c[:2] == ["make", "bootstrap"]]
+    assert bootstrap[2:] == ["ENV=prod"]
+    dry = subprocess.run(["make", "-n", "--no-print-directory", *bootstrap[1:]], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    (line,) = [line for line in dry.splitlines() if " bootstrap " in line]
+    cli = "node_modules/.bin/cdk"
+    assert line.startswith(f"{cli} bootstrap aws://$(")
+    shown = subprocess.run(["bash", "-c", "echo " + line.removeprefix(cli)], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    settings = load_settings("prod")
+    assert shown.split() == ["bootstrap", f"aws://{settings.account}/{settings.region}"]
+    result = subprocess.run([str(REPO_ROOT / cli), "bootstrap", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("cdk bootstrap [ENVIRONMENTS..]")
@@ -143,7 +162,7 @@ def test_the_preflight_lines_shown_are_the_ones_printed() -> None:
 def test_the_deployment_refusals_shown_are_the_ones_printed() -> None:
     import yaml
 
-    lines = [line.removeprefix("error: ") for line in README.splitlines()
+    lines = [line.removeprefix("error: ") for line in OPERATE.splitlines()
              if line.startswith(("error: config/dev.yaml: llm: deployment",
                                  "error: config/dev.yaml: intent: deployment"))]
     assert len(lines) == 2

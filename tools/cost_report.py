@@ -211,7 +211,7 @@ def first_dated_release(calendar: ReleaseCalendar, target: str) -> dt.date:
 
 
 def cost_table(costs: Sequence[EndpointCost]) -> str:
-    """The Markdown table the README shows."""
+    """The Markdown table docs/capacity.md shows."""
     lines = [
         "| endpoint | instance | typical week: avg instances, USD | shed in the week | release "
         "day adds | per month | seed's before | it sustains (capacity model) | per month "

@@ -1,4 +1,4 @@
-"""The capacity figures docs/capacity.md and the README quote are the model's own output: every
+"""The capacity figures docs/capacity.md quotes are the model's own output: every
 quoted line of ``python -m tools.capacity plan --env prod`` is in what it prints now, and the pool
 table is what ``pools`` prints. (The priced figures are checked in tests/tools/test_cost_report.py
 against a fresh ``make cost`` run.)"""
@@ -15,16 +15,12 @@ from capacity_model.report import format_capacity, format_pools
 from stacks.settings import REPO_ROOT, Environment
 
 CAPACITY_DOC = REPO_ROOT / "docs" / "capacity.md"
-README = REPO_ROOT / "README.md"
 
 
-def quoted_plan_lines(path: object) -> list[str]:
-    """Lines of the ```text blocks that quote the plan (docs/capacity.md: all of them; README:
-    the one under "$ python -m tools.capacity plan")."""
-    text = path.read_text(encoding="utf-8")  # type: ignore[attr-defined]
+def quoted_plan_lines() -> list[str]:
+    """Lines of docs/capacity.md's ```text blocks, which all quote the plan."""
+    text = CAPACITY_DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```text\n(.*?)\n```", text, re.DOTALL)
-    if path == README:
-        blocks = [b for b in blocks if b.startswith("$ python -m tools.capacity plan")]
     return [line for block in blocks for line in block.splitlines()
             if line.strip() and not line.startswith("$ ")]
 
@@ -34,9 +30,8 @@ def printed(prod_capacity: LlmCapacity) -> str:
     return format_capacity(prod_capacity)
 
 
-@pytest.mark.parametrize("path", [CAPACITY_DOC, README], ids=["capacity.md", "README"])
-def test_every_quoted_plan_line_is_printed_now(path: object, printed: str) -> None:
-    lines = quoted_plan_lines(path)
+def test_every_quoted_plan_line_is_printed_now(printed: str) -> None:
+    lines = quoted_plan_lines()
     assert len(lines) > 10, "not vacuous"
     stale = [line for line in lines if line not in printed.splitlines()]
     assert stale == [], f"quoted plan lines the model no longer prints: {stale}"

@@ -235,15 +235,15 @@ def test_the_docstring_example_is_the_synthesized_apps_line_in_general_form(
     assert filled == line
 
 
-def test_the_readme_pipeline_names_every_check_make_synth_runs() -> None:
-    """The README's pipeline diagram says what the Makefile's synth target runs."""
+def test_the_pipeline_diagram_names_every_check_make_synth_runs() -> None:
+    """docs/delivery.md's pipeline diagram says what the Makefile's synth target runs."""
     root = Path(__file__).resolve().parents[2]
     makefile = (root / "Makefile").read_text()
     help_text = makefile.split("\nsynth:", 1)[1].split("\n", 1)[0]
     checks = help_text.split("offline (", 1)[1].split(")", 1)[0]
     assert checks == "cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov"
-    readme = (root / "README.md").read_text()
-    assert f"make synth ({checks}) ─► make diff" in readme
+    delivery = (root / "docs" / "delivery.md").read_text()
+    assert f"make synth ({checks}) ─► make diff" in delivery
 
 
 def test_acknowledging_needs_a_known_control_and_a_real_reason() -> None:

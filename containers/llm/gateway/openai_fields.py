@@ -150,7 +150,7 @@ def refusal(name: str) -> str | None:
 
 
 def compatibility_markdown() -> str:
-    """The compatibility table for the README and docs/gateway.md (a test keeps them equal)."""
+    """The compatibility table docs/gateway.md shows (a test keeps them equal)."""
     lines = ["| field | from | this gateway | notes |", "|---|---|---|---|"]
     for field in FIELDS:
         note = field.note.replace("|", "\\|")
