@@ -217,6 +217,9 @@ def test_every_other_module_of_tools_serves_a_command() -> None:
     entries = tools_entries()
     used = {module for path in entries if is_command(path) for file in python_files(path)
             for module in imported_modules(file)}
+    # A script's Python steps (`python -c 'from tools.x import main; ...'`) import them too.
+    used |= {f"tools.{name}" for path in entries if path.suffix == ".sh"
+             for name in re.findall(r"from tools\.(\w+) import", path.read_text("utf-8"))}
     helpers = [path for path in entries if not is_command(path)]
     orphans = [path.name for path in helpers if f"tools.{path.stem}" not in used]
     assert orphans == [], f"tools/ holds {orphans}, which no operator command imports"
