@@ -265,6 +265,9 @@ class _Ticket:
     """The replay's own forecast (before calibration)."""
     override: str | None = None
     """``idle`` or ``probe`` when admitted against a forecast past the SLO."""
+    contended: bool = False
+    """Whether it had to wait for others when it arrived (:meth:`AdmissionController._contended`):
+    which calibration its first token teaches."""
     future: asyncio.Future[KvReservation] | None = None
     dispatched_at: float | None = None
     prefill_ahead: int = 0
@@ -412,7 +415,12 @@ class AdmissionController:
         self.steps = StepModel(prior)
         self.first_token = FirstTokenModel(prior)
         self.lengths = OutputLengths()
-        self.forecasts = ForecastStats(min_forecast_s=min(0.25, ttft_slo_s / 4))
+        self.forecasts = ForecastStats(min_forecast_s=min(0.25, ttft_slo_s / 4), floor=1.0)
+        """The replay's error for requests that wait for others (never below 1: under a burst
+        the replay is optimistic, and a low-load spell must not make the next burst more so)."""
+        self.first_tokens = ForecastStats(min_forecast_s=min(0.25, ttft_slo_s / 4))
+        """The first-token model's error, from requests dispatched at once (both ways: a model
+        that learned a one-off cost is corrected within a few first tokens)."""
         self.probes = ProbeGate(probe_interval_s)
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -445,16 +453,26 @@ class AdmissionController:
     def idle_forecast_s(self, prompt_tokens: int) -> float:
         """The calibrated forecast first token of a ``prompt_tokens`` prompt on an idle engine
         (what warmup checks against the SLO before /ping turns healthy)."""
-        return self.first_token.seconds(prompt_tokens) * self.forecasts.calibration(
-            self.clock())
+        return self._first_token_s(self.clock())(prompt_tokens)
+
+    def _first_token_s(self, now: float) -> Callable[[float], float]:
+        """The first-token model as the replay uses it: calibrated by ``first_tokens``."""
+        factor = self.first_tokens.calibration(now)
+        return lambda tokens: self.first_token.seconds(tokens) * factor
 
     def reset_learning(self) -> None:
-        """Back to the prior: the step and first-token models and the calibration (warmup's
+        """Back to the prior: the step and first-token models and both calibrations (warmup's
         measuring pass starts from here; the answer lengths, learned from real answers only,
         stay)."""
         self.steps = StepModel(self.prior)
         self.first_token = FirstTokenModel(self.prior)
+        self.reset_calibrations()
+
+    def reset_calibrations(self) -> None:
+        """Both calibrations back to 1 (the end of warmup: they corrected forecasts made while
+        the models were still learning)."""
         self.forecasts.reset()
+        self.first_tokens.reset()
 
     # --- arrival ---
     def forecast_ttft_s(self, request: AdmissionRequest) -> float:
@@ -471,6 +489,8 @@ class AdmissionController:
         if (self.ledger.blocks_for(ticket.expected_tokens) <= self.ledger.limit_blocks
                 and request.sequences <= self.max_running):
             *ahead, new = self._queued(ticket)
+            clock_now = self.clock()
+            ticket.contended = self._contended(ticket)
             ticket.raw_forecast_s = first_token_in_s(
                 (flight for t in self._running.values() for flight in self._in_flight(t)),
                 itertools.chain((item for t in self._queue for item in self._queued(t)),
@@ -479,12 +499,21 @@ class AdmissionController:
                     limit_tokens=self.ledger.pool_blocks * self.ledger.capacity.block_size,
                     max_running=self.max_running,
                     bucket_caps=self.ledger.bucket_caps),
-                step_s=self.steps.step_s, first_token_s=self.first_token.seconds)
-            # Judged against the raw replay (ForecastStats.observe), so the calibration settles
-            # at the replay's real error instead of chasing its own correction.
-            ticket.forecast_ttft_s = ticket.raw_forecast_s * self.forecasts.calibration(
-                self.clock())
+                step_s=self.steps.step_s, first_token_s=self._first_token_s(clock_now))
+            # Each calibration is judged against the forecast before it (ForecastStats.observe),
+            # so it settles at the real error instead of chasing its own correction.
+            ticket.forecast_ttft_s = ticket.raw_forecast_s
+            if ticket.contended:
+                ticket.forecast_ttft_s *= self.forecasts.calibration(clock_now)
         return ticket
+
+    def _contended(self, ticket: _Ticket) -> bool:
+        """Whether ``ticket`` competes for capacity in use: others queued ahead of it, or its
+        prompt, its bucket or its sequences do not fit beside the running ones now."""
+        request = ticket.request
+        return (bool(self._queue)
+                or self._running_sequences + request.sequences > self.max_running
+                or self.ledger.refusal(request.bucket, ticket.tokens) is not None)
 
     # The replay (gateway.forecast) counts each entry as one running sequence, so a request of
     # n choices is handed to it as n entries: the request itself, with the KV it holds, bucket
@@ -639,8 +668,13 @@ class AdmissionController:
         if not self.learning:
             return
         if ticket.arrived_at > 0:
-            self.forecasts.observe(now - ticket.arrived_at, ticket.raw_forecast_s,
-                                   self.ttft_slo_s, now)
+            actual_s = now - ticket.arrived_at
+            if ticket.contended:
+                self.forecasts.observe(actual_s, ticket.raw_forecast_s, self.ttft_slo_s, now)
+            else:  # dispatched at once: the first-token model's own error
+                factor = self.first_tokens.calibration(ticket.arrived_at)
+                self.first_tokens.observe(actual_s, ticket.raw_forecast_s / factor,
+                                          self.ttft_slo_s, now)
         if ticket.dispatched_at is not None:
             own = ticket.request.prompt_tokens - ticket.cached_tokens
             self.first_token.observe(ticket.prefill_ahead + own, now - ticket.dispatched_at)

@@ -182,7 +182,7 @@ class GatewayLifecycle:
                 elif await self._warm(client, requests, learning=True):
                     # The models keep what this pass measured; the calibration, which corrected
                     # the forecasts made while they were still learning, starts from 1.
-                    self.admission.forecasts.reset()
+                    self.admission.reset_calibrations()
                     self.log_phase("warmup_measure", self.clock() - phase_started)
                     if self._forecast_ready(short_tokens):
                         self.warmed_up = True
@@ -292,8 +292,10 @@ class GatewayLifecycle:
             "first_token_ms_per_1k_prompt_tokens": round(1_000_000 * per_token, 3),
             "typical_answer_tokens": admission.lengths.typical(),
             "forecast_ttft_ratio_median": None if ratio is None else round(ratio, 3),
-            "forecast_calibration": round(admission.forecasts.calibration(), 4),
-            "forecasts_late": admission.forecasts.late,
+            "forecast_calibration": round(admission.forecasts.calibration(admission.clock()), 4),
+            "first_token_calibration": round(
+                admission.first_tokens.calibration(admission.clock()), 4),
+            "forecasts_late": admission.forecasts.late + admission.first_tokens.late,
             "refused_by_forecast": arrivals.refused_by_forecast,
             "refused_while_idle": arrivals.refused_while_idle,
             "forecast_probes": arrivals.probes,
@@ -339,7 +341,8 @@ class GatewayLifecycle:
         arrivals = admission.arrivals
         last = arrivals.last_refused_while_idle_at
         return {
-            "forecast_calibration": round(admission.forecasts.calibration(), 4),
+            "forecast_calibration": round(admission.forecasts.calibration(now), 4),
+            "first_token_calibration": round(admission.first_tokens.calibration(now), 4),
             "refused_by_forecast": arrivals.refused_by_forecast,
             "refused_while_idle": arrivals.refused_while_idle,
             "last_refused_while_idle_s_ago": None if last is None else round(now - last, 1),

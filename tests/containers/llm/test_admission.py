@@ -209,7 +209,7 @@ def test_the_streams_teach_the_step_time_and_the_answer_lengths() -> None:
 
     admission = asyncio.run(scenario())
     assert admission.steps.step_s(4) == pytest.approx(0.008, rel=0.1)  # the prior: 36 ms
-    assert admission.forecasts.samples == 4
+    assert admission.forecasts.samples + admission.first_tokens.samples == 4
     assert admission.lengths.typical() is None  # 4 answers are not enough to trust
     assert admission.ledger.reserved_blocks == 0
 
