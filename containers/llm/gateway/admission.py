@@ -295,7 +295,8 @@ class _Ticket:
 @dataclass
 class ForecastStats:
     """How the forecasts compared with the first tokens that followed, and the calibration
-    that corrects later forecasts by it.
+    that corrects later forecasts by it (the controller keeps two: the first-token model's and
+    the queueing replay's, :class:`AdmissionController`).
 
     Every first token of a request forecast to wait at least ``min_forecast_s`` (below that,
     fixed costs such as parsing and tokenizing under load dominate the ratio) moves the
@@ -419,8 +420,9 @@ class AdmissionController:
         """The replay's error for requests that wait for others (never below 1: under a burst
         the replay is optimistic, and a low-load spell must not make the next burst more so)."""
         self.first_tokens = ForecastStats(min_forecast_s=min(0.25, ttft_slo_s / 4))
-        """The first-token model's error, from requests dispatched at once (both ways: a model
-        that learned a one-off cost is corrected within a few first tokens)."""
+        """The forecast's error for requests dispatched at once, i.e. the first-token model's
+        (both ways: a model that learned a one-off cost is corrected within a few first
+        tokens)."""
         self.probes = ProbeGate(probe_interval_s)
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -453,12 +455,8 @@ class AdmissionController:
     def idle_forecast_s(self, prompt_tokens: int) -> float:
         """The calibrated forecast first token of a ``prompt_tokens`` prompt on an idle engine
         (what warmup checks against the SLO before /ping turns healthy)."""
-        return self._first_token_s(self.clock())(prompt_tokens)
-
-    def _first_token_s(self, now: float) -> Callable[[float], float]:
-        """The first-token model as the replay uses it: calibrated by ``first_tokens``."""
-        factor = self.first_tokens.calibration(now)
-        return lambda tokens: self.first_token.seconds(tokens) * factor
+        return self.first_token.seconds(prompt_tokens) * self.first_tokens.calibration(
+            self.clock())
 
     def reset_learning(self) -> None:
         """Back to the prior: the step and first-token models and both calibrations (warmup's
@@ -499,12 +497,11 @@ class AdmissionController:
                     limit_tokens=self.ledger.pool_blocks * self.ledger.capacity.block_size,
                     max_running=self.max_running,
                     bucket_caps=self.ledger.bucket_caps),
-                step_s=self.steps.step_s, first_token_s=self._first_token_s(clock_now))
-            # Each calibration is judged against the forecast before it (ForecastStats.observe),
-            # so it settles at the real error instead of chasing its own correction.
-            ticket.forecast_ttft_s = ticket.raw_forecast_s
-            if ticket.contended:
-                ticket.forecast_ttft_s *= self.forecasts.calibration(clock_now)
+                step_s=self.steps.step_s, first_token_s=self.first_token.seconds)
+            # Judged against the raw replay (ForecastStats.observe), so each calibration settles
+            # at the replay's real error instead of chasing its own correction.
+            calibration = self.forecasts if ticket.contended else self.first_tokens
+            ticket.forecast_ttft_s = ticket.raw_forecast_s * calibration.calibration(clock_now)
         return ticket
 
     def _contended(self, ticket: _Ticket) -> bool:
@@ -668,13 +665,9 @@ class AdmissionController:
         if not self.learning:
             return
         if ticket.arrived_at > 0:
-            actual_s = now - ticket.arrived_at
-            if ticket.contended:
-                self.forecasts.observe(actual_s, ticket.raw_forecast_s, self.ttft_slo_s, now)
-            else:  # dispatched at once: the first-token model's own error
-                factor = self.first_tokens.calibration(ticket.arrived_at)
-                self.first_tokens.observe(actual_s, ticket.raw_forecast_s / factor,
-                                          self.ttft_slo_s, now)
+            calibration = self.forecasts if ticket.contended else self.first_tokens
+            calibration.observe(now - ticket.arrived_at, ticket.raw_forecast_s, self.ttft_slo_s,
+                                now)
         if ticket.dispatched_at is not None:
             own = ticket.request.prompt_tokens - ticket.cached_tokens
             self.first_token.observe(ticket.prefill_ahead + own, now - ticket.dispatched_at)
