@@ -72,6 +72,30 @@ def test_openapi_schema_is_served(gateway: GatewayProcess) -> None:
     assert "/admin/engine/oom" not in schema["paths"]
 
 
+def test_openapi_states_this_instances_limits(gateway: GatewayProcess) -> None:
+    """The published schema is what the gateway accepts: n up to GATEWAY_MAX_N (4), output
+    limits below the window (4096), at most GATEWAY_MAX_MESSAGES (512) messages and pins below
+    it, integers as integers, the cross-field rules JSON Schema can state, a non-null code."""
+    components = httpx.get(gateway.url + "/openapi.json").json()["components"]["schemas"]
+    request = components["ChatCompletionRequest"]
+    properties = request["properties"]
+
+    def integer(name: str) -> dict[str, Any]:
+        return next(branch for branch in properties[name]["anyOf"] if branch.get("type")
+                    == "integer")
+
+    assert (integer("n")["minimum"], integer("n")["maximum"]) == (1, 4)
+    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        assert integer(name)["maximum"] == 4095, name
+    assert properties["messages"]["maxItems"] == 512
+    pins = components["MangaAssistExtension"]["properties"]["pinned_messages"]["items"]
+    assert (pins["type"], pins["minimum"], pins["maximum"]) == ("integer", 0, 511)
+    conditions = [set(rule["if"]["properties"]) for rule in request["allOf"]]
+    assert conditions == [{"top_logprobs"}, {"n"}, {"max_tokens"}]
+    assert components["ChatMessage"]["additionalProperties"] is False
+    assert components["ErrorDetail"]["properties"]["code"] == {"title": "Code", "type": "string"}
+
+
 def test_chat_completion_shape(gateway: GatewayProcess) -> None:
     response = post(gateway, {"model": "manga", "messages": [USER], "max_tokens": 12})
     assert response.status_code == 200
