@@ -170,11 +170,13 @@ def _empty_only(refused: str) -> Callable[[Any], None]:
     return check
 
 
+_EMPTY = WithJsonSchema({"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]})
+"""What those fields' JSON schema says they take: null or an empty list."""
 ToolCallingField = Annotated[None, BeforeValidator(_empty_only(
-    f"not accepted by this gateway: {_TOOL_REFUSAL}"))]
+    f"not accepted by this gateway: {_TOOL_REFUSAL}")), _EMPTY]
 EchoedField = Annotated[None, BeforeValidator(_empty_only(
     "only null is accepted: an answer's refusal, audio or annotations are not part of the "
-    "prompt (send the text as content)"))]
+    "prompt (send the text as content)")), _EMPTY]
 
 
 class ChatMessage(BaseModel):
@@ -194,10 +196,10 @@ class ChatMessage(BaseModel):
     tool_call_id: ToolCallingField = Field(None, description="Refused: " + str(_TOOL_REFUSAL))
     content: MessageContent
     name: Annotated[Text, Field(max_length=64)] | None = None
-    refusal: EchoedField = Field(None, description="Accepted as null only (the openai SDK "
+    refusal: EchoedField = Field(None, description="Accepted null or empty only (the openai SDK "
                                                    "echoes an answer's message with it).")
-    audio: EchoedField = Field(None, description="Accepted as null only.")
-    annotations: EchoedField = Field(None, description="Accepted as null only.")
+    audio: EchoedField = Field(None, description="Accepted null or empty only.")
+    annotations: EchoedField = Field(None, description="Accepted null or empty only.")
 
     @property
     def text(self) -> str:

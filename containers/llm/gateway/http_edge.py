@@ -184,8 +184,8 @@ def publish_limits(schema: dict[str, Any], *, served_names: Sequence[str], max_n
     ``GATEWAY_MAX_N`` and ``ENGINE_MAX_NUM_SEQS``, at most ``GATEWAY_MAX_MESSAGES`` messages (and
     pins below it),
     output limits below the context window, and :data:`CROSS_FIELD_RULES`. (What JSON Schema
-    cannot state — ``min_tokens`` at most ``max_tokens``, the two output limits
-    agreeing, pins within the conversation, a conversation that fits — docs/gateway.md lists.)"""
+    cannot state — ``min_tokens`` at most ``max_tokens``, pins within the conversation, a
+    conversation that fits — docs/gateway.md lists.)"""
     request = schema["components"]["schemas"]["ChatCompletionRequest"]
     properties = request["properties"]
     properties["model"]["anyOf"] = [{"type": "string", "enum": [*served_names, "auto"]},

@@ -272,10 +272,11 @@ class ChatService:
 
     def _max_output_tokens(self, request: ChatCompletionRequest) -> int:
         engine = self.settings.engine
-        if (request.max_tokens is not None and request.max_completion_tokens is not None
-                and request.max_tokens != request.max_completion_tokens):
+        if request.max_tokens is not None and request.max_completion_tokens is not None:
+            # One limit under two names (OpenAI renamed it): as /openapi.json states, one of them.
             raise ApiError(400, f"max_tokens={request.max_tokens} and max_completion_tokens="
-                                f"{request.max_completion_tokens} disagree; send one of them",
+                                f"{request.max_completion_tokens}: send one of them (the same "
+                                "limit under its old and new name)",
                            param="max_completion_tokens")
         requested = request.max_completion_tokens or request.max_tokens
         name = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
