@@ -9,7 +9,8 @@ fields live in one namespace, the ``mangaassist`` object (the openai client send
 ``extra_body={"mangaassist": {...}}``); responses carry a ``mangaassist`` object too: which adapter
 answered, what the context budget kept and dropped, whether the answer is a fallback.
 
-Validation is strict (no "5" for 5, no 1 for true). Pure module (pydantic only).
+Validation is strict (no "5" for 5, no 1 for true; 5.0 is 5, as JSON Schema reads it), and an
+unknown key is refused at every level. Pure module (pydantic only).
 """
 
 from __future__ import annotations
@@ -175,8 +176,8 @@ _EMPTY = WithJsonSchema({"anyOf": [{"type": "null"}, {"type": "array", "maxItems
 ToolCallingField = Annotated[None, BeforeValidator(_empty_only(
     f"not accepted by this gateway: {_TOOL_REFUSAL}")), _EMPTY]
 EchoedField = Annotated[None, BeforeValidator(_empty_only(
-    "only null is accepted: an answer's refusal, audio or annotations are not part of the "
-    "prompt (send the text as content)")), _EMPTY]
+    "only null (or an empty list) is accepted: an answer's refusal, audio or annotations are not "
+    "part of the prompt (send the text as content)")), _EMPTY]
 
 
 class ChatMessage(BaseModel):

@@ -309,7 +309,7 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None, str, str]] = [
      "messages[0].content[0].lang", "unknown_parameter", "unknown field"),
     ("a refusal echoed with text", {"messages": [USER, {"role": "assistant", "content": "no",
                                                         "refusal": "I cannot"}, USER]}, 400,
-     "messages[1].refusal", "unsupported_parameter", "only null is accepted"),
+     "messages[1].refusal", "unsupported_parameter", "only null (or an empty list) is accepted"),
     ("an unknown key with an unreadable name", {"messages": [USER], "a b" * 50_000: 1}, 400,
      None, "unknown_parameter", "unknown field 'a ba ba b"),
     ("min_tokens above max_tokens", {"messages": [USER], "max_tokens": 8, "min_tokens": 9}, 400,
