@@ -116,8 +116,8 @@ capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): p
 budget: setup ## the GPU memory plan ENV's LLM endpoint is deployed with (docs/gpu-budget.md); any configuration: python -m tools.budget plan --help
 	$(PY) -m tools.budget env --env $(ENV)
 
-local: setup ## run the LLM gateway on the simulated engine (demo tokenizer) and print how to call it
-	$(PY) -m tools.local_gateway $(if $(PORT),--port $(PORT))
+local: setup ## run the LLM gateway on the simulated engine on 127.0.0.1 (HOST=0.0.0.0 to share it) and print how to call it
+	$(PY) -m tools.local_gateway $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 intent-local: setup ## compile a tiny random DistilBERT for cpu and serve it like the intent endpoint
 	$(PY) -m neuron.random_model build/intent-random

@@ -7,7 +7,11 @@ simulated engine registered (``tests/support/sim_serve.py --engine sim``). The s
 demo model are test support and never ship in the image. Test mode is on, so
 ``POST /admin/engine/oom`` kills the simulated engine to show the fallback and recovery.
 
-    python -m tools.local_gateway [--port 8080] [--model-dir .cache/llm-demo-model]
+    python -m tools.local_gateway [--host 127.0.0.1] [--port 8080] [--model-dir DIR]
+
+It listens on 127.0.0.1 unless told otherwise (``--host``, or ``HOST=`` through ``make local``):
+a development server in test mode (``POST /admin/engine/oom`` kills its engine) is not for the
+network.
 """
 
 from __future__ import annotations
@@ -36,9 +40,13 @@ LOCAL_DEFAULTS = {
 }
 
 
-def instructions(port: int) -> str:
+DEFAULT_HOST = "127.0.0.1"
+
+
+def instructions(host: str, port: int) -> str:
     """How to talk to the local gateway: curl, the openai client, the OOM injection."""
-    url = f"http://localhost:{port}"
+    shown = "localhost" if host in (DEFAULT_HOST, "0.0.0.0", "::") else host
+    url = f"http://{shown}:{port}"
     return f"""
 MangaAssist gateway on the simulated engine: {url}  (Ctrl-C to stop)
 
@@ -68,19 +76,31 @@ messages=[{{'role': 'user', 'content': 'Is One Piece volume 1 in English?'}}]).c
 """
 
 
-def main() -> int:
-    """Build the demo model if needed, print the instructions, exec the gateway."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: ``--host`` (127.0.0.1), ``--port`` ($PORT or 8080), ``--model-dir``."""
     parser = argparse.ArgumentParser(description="Run the gateway on the simulated engine.")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}; 0.0.0.0: every "
+                             "interface)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     parser.add_argument("--model-dir", type=Path, default=REPO / ".cache" / "llm-demo-model")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def serve_command(host: str, port: int) -> list[str]:
+    """The gateway's ``serve`` with the simulator, listening on ``host``:``port``."""
+    return [sys.executable, str(SIM_SERVE), "--engine", "sim", "--host", host, "--port", str(port)]
+
+
+def main() -> int:
+    """Build the demo model if needed, print the instructions, exec the gateway."""
+    args = parse_args()
     if not (args.model_dir / "tokenizer.json").is_file():
         print(f"building the demo model directory in {args.model_dir} ...", flush=True)
         write_model_dir(args.model_dir)
-    print(instructions(args.port), flush=True)
+    print(instructions(args.host, args.port), flush=True)
     env = {**LOCAL_DEFAULTS, **os.environ, GATEWAY_MODEL_DIR: str(args.model_dir)}
-    os.execve(sys.executable, [sys.executable, str(SIM_SERVE), "--engine", "sim", "--port",
-                               str(args.port)], env)
+    os.execve(sys.executable, serve_command(args.host, args.port), env)
     return 0  # not reached
 
 

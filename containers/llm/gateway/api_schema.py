@@ -9,11 +9,13 @@ fields live in one namespace, the ``mangaassist`` object (the openai client send
 ``extra_body={"mangaassist": {...}}``); responses carry a ``mangaassist`` object too: which adapter
 answered, what the context budget kept and dropped, whether the answer is a fallback.
 
-Validation is strict (no "5" for 5, no 1 for true). Pure module (pydantic only).
+Validation is strict (no "5" for 5, no 1 for true; 5.0 is 5, as JSON Schema reads it), and an
+unknown key is refused at every level. Pure module (pydantic only).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,8 +32,10 @@ from pydantic import (
     field_validator,
     model_serializer,
 )
+from pydantic_core import PydanticCustomError
 
 from gateway.openai_fields import SAMPLING_FIELDS, refusal
+from gateway.request_errors import shown
 from intents import INTENT_LABELS, require_intent
 from request_buckets import BucketName
 from serving_contract import LOCALE_PATTERN
@@ -47,6 +51,55 @@ def _valid_unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type and JSON Schema's ``integer`` is any number without a fraction,
+    so ``5.0`` is the integer 5 (``5.5``, ``"5"`` and ``true`` are still refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WHOLE = BeforeValidator(_integral)
+"""On every integer field, after its bounds (``Annotated[int, Field(ge=...), WHOLE]``: bounds
+placed before the conversion appear in the JSON schema as ``minimum`` / ``maximum``): strict, but
+a whole number written as ``5.0`` is 5."""
+
+
+MAX_STOPS = 4
+STOP_CHARS = 64
+
+
+def _stop_sequence(item: Any, where: str) -> None:
+    if not isinstance(item, str):
+        raise PydanticCustomError("invalid_type", f"{where}a stop sequence is a string")
+    if not 1 <= len(item) <= STOP_CHARS:
+        raise ValueError(f"{where}a stop sequence has 1 to {STOP_CHARS} characters, "
+                         f"got {len(item)}")
+    try:
+        _valid_unicode(item)
+    except ValueError as error:
+        raise ValueError(f"{where}{error}") from None
+
+
+def _valid_stop(value: Any) -> Any:
+    """``stop``: a string or a list of at most four, each 1-64 characters of valid Unicode (vLLM
+    refuses an empty one); the message names the element (``stop[2]``)."""
+    if value is None or isinstance(value, str):
+        if value is not None:
+            _stop_sequence(value, "")
+        return value
+    if not isinstance(value, list):
+        raise PydanticCustomError("invalid_type", "should be a string, a list of strings or null")
+    if len(value) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(value)}")
+    for index, item in enumerate(value):
+        _stop_sequence(item, f"[{index}]: ")
+    return value
+
+
+StopSequence = Annotated[Text, Field(min_length=1, max_length=STOP_CHARS)]
 
 
 TEXT_PART_SEPARATOR = "\n"
@@ -69,8 +122,9 @@ def _text_parts_only(value: Any) -> Any:
         for index, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(part, dict) and kind != "text":
-                raise ValueError(f"[{index}].type: {kind!r} parts are not accepted: the served "
-                                 "model reads text only; accepted part type: 'text'")
+                raise PydanticCustomError(
+                    "unsupported_value", f"[{index}].type: {shown(kind)} parts are not accepted: "
+                    "the served model reads text only; accepted part type: 'text'")
     return value
 
 
@@ -96,20 +150,34 @@ TOOL_ROLES: frozenset[str] = frozenset({"tool", "function"})
 
 
 def _no_tool_role(value: Any) -> Any:
-    if value in TOOL_ROLES:
-        raise ValueError(f"{value!r} messages are not accepted by this gateway: {_TOOL_REFUSAL}")
+    """A tool-calling role is refused with its reason; any other value (an object or a list
+    included: JSON's types, not only strings) is left to the role's own type check."""
+    if isinstance(value, str) and value in TOOL_ROLES:
+        raise PydanticCustomError(
+            "unsupported_value", f"{value!r} messages are not accepted by this gateway: "
+                                 f"{_TOOL_REFUSAL}")
     return value
 
 
-def _no_tool_calls(value: Any) -> None:
-    """A tool-calling field of a message (a call, its id, its result) is refused by name with the
-    ``tools`` row's reason; absent, null or an empty list of calls carries nothing."""
-    if value is None or value == []:
-        return None
-    raise ValueError(f"not accepted by this gateway: {_TOOL_REFUSAL}")
+def _empty_only(refused: str) -> Callable[[Any], None]:
+    """A message field accepted only empty (absent, null or ``[]``, as the OpenAI SDK echoes an
+    answer's message back), refused by name with the sentence ``refused`` otherwise."""
+
+    def check(value: Any) -> None:
+        if value is None or value == []:
+            return None
+        raise PydanticCustomError("unsupported_parameter", refused)
+
+    return check
 
 
-ToolCallingField = Annotated[None, BeforeValidator(_no_tool_calls)]
+_EMPTY = WithJsonSchema({"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]})
+"""What those fields' JSON schema says they take: null or an empty list."""
+ToolCallingField = Annotated[None, BeforeValidator(_empty_only(
+    f"not accepted by this gateway: {_TOOL_REFUSAL}")), _EMPTY]
+EchoedField = Annotated[None, BeforeValidator(_empty_only(
+    "only null (or an empty list) is accepted: an answer's refusal, audio or annotations are not "
+    "part of the prompt (send the text as content)")), _EMPTY]
 
 
 class ChatMessage(BaseModel):
@@ -120,7 +188,7 @@ class ChatMessage(BaseModel):
     it, never dropped. (Declared before ``content``, whose absence in a tool call's message
     would otherwise be the error named.)"""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Annotated[Literal["system", "developer", "user", "assistant"],
                     BeforeValidator(_no_tool_role)]
@@ -129,6 +197,10 @@ class ChatMessage(BaseModel):
     tool_call_id: ToolCallingField = Field(None, description="Refused: " + str(_TOOL_REFUSAL))
     content: MessageContent
     name: Annotated[Text, Field(max_length=64)] | None = None
+    refusal: EchoedField = Field(None, description="Accepted null or empty only (the openai SDK "
+                                                   "echoes an answer's message with it).")
+    audio: EchoedField = Field(None, description="Accepted null or empty only.")
+    annotations: EchoedField = Field(None, description="Accepted null or empty only.")
 
     @property
     def text(self) -> str:
@@ -162,6 +234,37 @@ class ResponseFormatJsonObject(BaseModel):
     type: Literal["json_object"]
 
 
+MAX_SCHEMA_DEPTH = 64
+"""The deepest nesting of objects and arrays a ``json_schema`` may have (a real schema nests a
+few levels per property level; the answer's serialization stops near 200)."""
+
+
+def nesting_depth(value: Any, *, limit: int) -> int:
+    """How deeply ``value``'s objects and arrays nest (1 for a flat one), counted without
+    recursion and no further than ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _shallow_schema(value: dict[str, Any]) -> dict[str, Any]:
+    if nesting_depth(value, limit=MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep")
+    return value
+
+
 class JsonSchemaSpec(BaseModel):
     """OpenAI's ``json_schema`` object: the schema the answer must follow."""
 
@@ -169,7 +272,8 @@ class JsonSchemaSpec(BaseModel):
 
     name: Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: Text | None = None
-    json_schema: dict[str, Any] = Field(alias="schema")
+    json_schema: Annotated[dict[str, Any], AfterValidator(_shallow_schema)] = Field(
+        alias="schema", description=f"At most {MAX_SCHEMA_DEPTH} levels of nesting.")
     strict: bool | None = None
 
 
@@ -207,7 +311,7 @@ class MangaAssistExtension(BaseModel):
                                 "absent or 'auto'.")
     locale: Annotated[str, Field(pattern=LOCALE_PATTERN.pattern, max_length=35)] | None = Field(
         None, description="BCP-47 locale of the customer, e.g. ja-JP.")
-    pinned_messages: list[Annotated[int, Field(ge=0)]] = Field(
+    pinned_messages: list[Annotated[int, Field(ge=0), WHOLE]] = Field(
         default_factory=list, max_length=64,
         description="Indices into messages that the sliding window must keep (stated "
                     "preferences).")
@@ -232,38 +336,45 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     model: Annotated[Text, Field(max_length=256)] | None = Field(
         None, description="A served adapter, the base model's name, or 'auto' (route by intent).")
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Annotated[int, Field(ge=1), WHOLE] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), WHOLE] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stop: Annotated[Text, Field(min_length=1, max_length=64)] | list[
-        Annotated[Text, Field(min_length=1, max_length=64)]] | None = Field(None)
+    stop: Annotated[StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOPS)]
+                    | None, BeforeValidator(_valid_stop)] = Field(
+        None, description=f"Up to {MAX_STOPS} sequences of 1-{STOP_CHARS} characters.")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, le=MAX_N_SCHEMA,
-                          description="Choices to generate (at most GATEWAY_MAX_N).")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    n: Annotated[int, Field(ge=1, le=MAX_N_SCHEMA), WHOLE] | None = Field(
+        None, description="Choices to generate (at most GATEWAY_MAX_N and ENGINE_MAX_NUM_SEQS).")
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1), WHOLE] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0,
                                              description="vLLM's sampling extension.")
-    top_k: int | None = Field(None, ge=-1, le=100_000,
-                              description="vLLM's sampling extension (-1 or 0: off).")
+    top_k: Annotated[int, Field(ge=-1, le=100_000), WHOLE] | None = Field(
+        None, description="vLLM's sampling extension (-1 or 0: off).")
     min_p: float | None = Field(None, ge=0.0, le=1.0,
                                 description="vLLM's sampling extension.")
-    min_tokens: int | None = Field(None, ge=0, description="vLLM's sampling extension.")
+    min_tokens: Annotated[int, Field(ge=0), WHOLE] | None = Field(
+        None, description="vLLM's sampling extension: at most max_tokens (vLLM's rule); "
+                                "without max_tokens the output limit rises to it.")
     ignore_eos: bool | None = Field(None, description="vLLM's sampling extension.")
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), WHOLE] | None = Field(
+        None, description="Needs logprobs: true when above 0.")
     response_format: ResponseFormat | None = None
     user: Annotated[Text, Field(max_length=256)] | None = None
     mangaassist: MangaAssistExtension | None = None
 
-    @field_validator("stop")
+    @field_validator("min_tokens")
     @classmethod
-    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError(f"at most 4 stop sequences, got {len(value)}")
+    def _min_tokens_within_max(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limit = info.data.get("max_completion_tokens") or info.data.get("max_tokens")
+        if value is not None and limit is not None and value > limit:
+            raise ValueError(f"min_tokens={value} is above the output limit {limit} "
+                             "(max_tokens / max_completion_tokens); vLLM's SamplingParams "
+                             "refuses min_tokens > max_tokens")
         return value
 
     @field_validator("top_logprobs")
@@ -307,12 +418,12 @@ INVOCATION_TAGS: frozenset[str] = frozenset({"chat", "session"})
 
 # --- responses (gateway.responses builds every answer from these) ---
 class ErrorDetail(BaseModel):
-    """OpenAI's error object."""
+    """OpenAI's error object: ``param`` the field's public path (or null), ``code`` never null."""
 
     message: str
     type: str
     param: str | None
-    code: str | None
+    code: str
 
 
 class ErrorResponse(BaseModel):
@@ -545,9 +656,3 @@ STREAM_DESCRIPTION = (
     "mangaassist.fallback when the answer is a fallback), optionally a usage chunk, then "
     "`data: [DONE]`."
 )
-
-
-def error_body(message: str, *, type_: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    """An OpenAI-style error body."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

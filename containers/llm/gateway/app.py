@@ -35,7 +35,6 @@ from gateway.api_schema import (
     SessionOpened,
     SessionReport,
     SessionRequest,
-    error_body,
 )
 from gateway.breaker import BreakerPolicy, CircuitBreaker
 from gateway.chat_types import ApiError, ChatRun
@@ -43,12 +42,15 @@ from gateway.engine_events import EngineEvents, breaker_transition_publisher
 from gateway.engines.base import InferenceEngine, SupportsFaultInjection
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 from gateway.http_edge import (
+    BODY_SCOPE_KEY,
     CHAT_RESPONSES,
     INVOCATION_RESPONSES,
     BodyLimitMiddleware,
-    validation_message,
+    publish_limits,
+    validation_problem,
 )
 from gateway.lifecycle import FatalCallback, GatewayLifecycle, ProcessFailure
+from gateway.request_errors import unparsable_body
 from gateway.responses import STREAM_HEADERS, completion, error_response, headers, sse
 from gateway.routing import AdapterRouter
 from gateway.service import ChatService
@@ -225,22 +227,25 @@ class GatewayRuntime:
 
     def client_error(self, path: str, status: int, message: str, *, param: str | None = None,
                      code: str | None = None) -> JSONResponse:
-        """An error raised before the chat handler ran (validation, unknown path, body size)."""
-        record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}", path=path,
-                               started=self.clock())
-        return self.error_response(record, ApiError(status, message, param=param, code=code))
+        """An error raised before the chat handler ran (a session request without its id)."""
+        return self.refuse({"path": path}, ApiError(status, message, param=param, code=code))
+
+    def refuse(self, scope: Scope, error: ApiError) -> JSONResponse:
+        """The answer to a request refused before (or instead of) the chat handler: validation,
+        unknown path, body size, an unexpected failure — logged as the request's one line."""
+        record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}",
+                               path=str(scope.get("path", "")), started=self.clock())
+        return self.error_response(record, error)
 
     def inject_oom(self) -> JSONResponse:
         """Kill the running engine with a simulated OOM (GATEWAY_TEST_MODE only)."""
         engine = self.supervisor.engine
         if engine is None or self.supervisor.phase is not EnginePhase.READY:
-            return JSONResponse(error_body("no running engine to inject into",
-                                           type_="invalid_request_error", code="engine_not_ready"),
-                                status_code=409)
+            return self.client_error("/admin/engine/oom", 409, "no running engine to inject into",
+                                     code="engine_not_ready")
         if not isinstance(engine, SupportsFaultInjection):
-            return JSONResponse(error_body(f"engine {engine.name!r} does not support fault "
-                                           "injection", type_="invalid_request_error",
-                                           code="not_supported"), status_code=409)
+            return self.client_error("/admin/engine/oom", 409, f"engine {engine.name!r} does not "
+                                     "support fault injection", code="not_supported")
         engine.inject_oom("injected through /admin/engine/oom")
         self.telemetry.log("oom_injected", engine_generation=self.supervisor.generation)
         return JSONResponse({"injected": True, "engine_generation": self.supervisor.generation})
@@ -273,30 +278,32 @@ def build_app(runtime: GatewayRuntime) -> FastAPI:
 
 def _add_error_handlers(app: FastAPI, runtime: GatewayRuntime) -> None:
     """Validation errors are 400 naming the field, unknown paths 404/405, anything unexpected a
-    500 that says the request was not processed: each one OpenAI-shaped and logged."""
+    500 that says the request was not processed: each one OpenAI-shaped, built in one place
+    (:func:`gateway.responses.error_response`) and logged as the request's line."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return runtime.client_error(request.url.path, 400, message, param=param,
-                                    code="invalid_value")
+        problem = validation_problem(list(exc.errors()))
+        return runtime.refuse(request.scope, ApiError.bad_request(problem))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(request.scope.get(BODY_SCOPE_KEY), bytes):
+            # FastAPI's "error parsing the body": not UTF-8, or nested beyond the parser.
+            problem = unparsable_body(request.scope[BODY_SCOPE_KEY])
+            return runtime.refuse(request.scope, ApiError.bad_request(problem))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        response = runtime.client_error(request.url.path, exc.status_code, message, code=code)
-        if exc.headers:
-            response.headers.update(exc.headers)
-        return response
+        error = ApiError(exc.status_code, message, code=code, headers=dict(exc.headers or {}))
+        return runtime.refuse(request.scope, error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         runtime.telemetry.log("unhandled_error", level="error", path=request.url.path,
                               error=repr(exc)[:500])
-        return JSONResponse(error_body("internal error in the gateway; the request was not "
-                                       "processed", type_="server_error", code="internal_error"),
-                            status_code=500)
+        return runtime.refuse(request.scope, ApiError(
+            500, "internal error in the gateway; the request was not processed",
+            type_="server_error", code="internal_error"))
 
 
 def _add_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
@@ -337,8 +344,8 @@ def _add_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
 
 
 def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dict[str, Any]]:
-    """``app.openapi``: FastAPI's document without the 422s (we answer 400) and with the served
-    model names, built once."""
+    """``app.openapi``: FastAPI's document without the 422s (we answer 400) and with this
+    instance's limits (:func:`gateway.http_edge.publish_limits`), built once."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -350,11 +357,11 @@ def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dic
             components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
-            # The served names are known at start: document them (404 for any other).
-            model = components["ChatCompletionRequest"]["properties"]["model"]
-            model["anyOf"] = [{"type": "string",
-                               "enum": [*runtime.router.served_names(), "auto"]},
-                              {"type": "null"}]
+            settings = runtime.settings
+            publish_limits(schema, served_names=runtime.router.served_names(),
+                           max_n=min(settings.gateway.max_n, settings.engine.max_num_seqs),
+                           max_messages=settings.gateway.max_messages,
+                           max_output_tokens=settings.engine.max_model_len - 1)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -363,17 +370,8 @@ def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dic
 
 def _add_body_limit(app: FastAPI, runtime: GatewayRuntime) -> None:
     """Bodies over GATEWAY_MAX_BODY_BYTES are 413 before they are read (logged as the request)."""
-
-    def on_reject(scope: Scope, status: int, message: str) -> None:
-        code = "request_too_large" if status == 413 else "invalid_content_length"
-        record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}",
-                               path=str(scope.get("path", "")), started=runtime.clock(),
-                               status=status, outcome="client_error", error_code=code,
-                               error_message=message[:300])
-        runtime.telemetry.request(record)
-
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.gateway.max_body_bytes,
-                       on_reject=on_reject)
+                       refuse=runtime.refuse)
 
 
 def create_app(

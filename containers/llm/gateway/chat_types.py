@@ -21,24 +21,34 @@ from gateway.api_schema import ChatCompletionRequest, ResponseExtension
 from gateway.breaker import BreakerState
 from gateway.context_budget import ContextPlan
 from gateway.engines.base import RenderedPrompt, SamplingParams, TokenLogprob
+from gateway.request_errors import STATUS_CODES, RequestProblem, sentence
 from gateway.routing import RouteDecision
 from gateway.telemetry import RequestRecord
 from gateway.tokenizer import ChatTurn
 
 
 class ApiError(Exception):
-    """A request the gateway answers with an OpenAI-style error (never 5xx for bad input)."""
+    """A request the gateway answers with an OpenAI-style error (never 5xx for bad input).
+
+    The code is never null: without one, the status's (:data:`gateway.request_errors.STATUS_CODES`);
+    the message is cut to :data:`gateway.request_errors.MESSAGE_CHARS`.
+    """
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+        self.message = sentence(message)
         self.type_ = type_
         self.param = param
-        self.code = code
+        self.code = code or STATUS_CODES.get(status, "invalid_value")
         self.headers = headers or {}
+
+    @classmethod
+    def bad_request(cls, problem: RequestProblem) -> ApiError:
+        """The 400 for ``problem``."""
+        return cls(400, problem.message, param=problem.param, code=problem.code)
 
 
 @dataclass(frozen=True)

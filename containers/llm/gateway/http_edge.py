@@ -7,12 +7,15 @@ read whole; the OpenAPI document lists every error answer with its shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import request_errors
 from gateway.api_schema import (
     INVOCATION_TAGS,
     STREAM_DESCRIPTION,
@@ -21,9 +24,9 @@ from gateway.api_schema import (
     ErrorResponse,
     SessionClosed,
     SessionOpened,
-    error_body,
 )
-from gateway.openai_fields import refusal
+from gateway.chat_types import ApiError
+from gateway.request_errors import RequestProblem
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `error.param` names the field."},
@@ -59,102 +62,53 @@ INVOCATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _param(loc: tuple[Any, ...]) -> str | None:
-    # Without the body, /invocations' body kind and a tagged union's tag: not fields.
-    parts = [part for part in loc if part != "body"]
-    if parts and parts[0] in INVOCATION_TAGS:
-        parts = parts[1:]
-    parts = [part for index, part in enumerate(parts)
-             if not (index > 0 and part in UNION_TAGS.get(parts[index - 1], ()))]
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += ("." if text else "") + str(part)
-    return text or None
+def validation_problem(errors: Sequence[Mapping[str, Any]]) -> RequestProblem:
+    """Pydantic's errors for a request body as the 400 it gets (:mod:`gateway.request_errors`)."""
+    return request_errors.validation_problem(errors, union_tags=UNION_TAGS,
+                                             body_tags=INVOCATION_TAGS)
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, bytes | bytearray):
-        return f"{len(value)} bytes"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+Refuse = Callable[[Scope, ApiError], Response]
+"""Builds (and logs) the answer to a request refused before the app read it."""
 
-
-def validation_message(errors: list[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """Turn pydantic/FastAPI errors into one sentence naming the field, the value and the rule."""
-    first = errors[0]
-    kind = first.get("type", "")
-    loc = tuple(first.get("loc", ()))
-    param = _param(loc)
-    received = first.get("input")
-    if kind == "json_invalid":
-        position = loc[1] if len(loc) > 1 else 0
-        return f"request body is not valid JSON (error at byte {position})", None
-    if param is None:
-        if kind == "missing":
-            return "request body is required: a JSON object with `messages`", None
-        if isinstance(received, bytes | bytearray | str):
-            return ("request body must be JSON sent with Content-Type: application/json"), None
-        return f"request body must be a JSON object, got {_shown(received)}", None
-    if kind == "extra_forbidden":
-        top_level = "." not in param and "[" not in param
-        reason = refusal(param) if top_level else None
-        if reason is not None:
-            return f"{param}: not accepted by this gateway: {reason}", param
-        return f"{param}: unknown or unsupported field (not accepted by this gateway)", param
-    if kind == "missing":
-        return f"{param}: field required", param
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if message.startswith(f"{param}:"):
-        return message, param
-    if message.startswith("[") and "]" in message:  # a validator naming an element: "[1].type:"
-        where, _, rest = message.partition(":")
-        return f"{param}{where}: {rest.strip()}", f"{param}{where}"
-    extra = f" ({len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{param}: {message}; got {_shown(received)}{extra}", param
+DRAIN_FACTOR = 8
+"""How much of an oversized body is read (and dropped) before its 413, in multiples of the
+limit: a client still sending when the connection closes would get a reset instead of the 413."""
+DRAIN_TIMEOUT_S = 10.0
+"""How long draining an oversized body may take (a client that stalls gets the 413 then)."""
+BODY_SCOPE_KEY = "gateway.body"
+"""Where the middleware leaves the body it read, for an error that needs it (an unparsable one)."""
 
 
 class BodyLimitMiddleware:
-    """Refuse request bodies over ``max_bytes`` with an OpenAI-style 413 (declared or streamed)."""
+    """Refuse request bodies over ``max_bytes`` with an OpenAI-style 413 (declared or streamed).
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int,
-                 on_reject: Callable[[Scope, int, str], None]) -> None:
+    The 413 goes out after the body is drained — read and dropped, up to ``DRAIN_FACTOR`` times
+    the limit, within ``DRAIN_TIMEOUT_S`` — so that the client, still sending, reads it instead
+    of a connection reset; a client that asked ``Expect: 100-continue`` sent nothing yet and is
+    answered at once. The connection closes after a 413 either way.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, refuse: Refuse) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.on_reject = on_reject
+        self.refuse = refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                await self._refuse(scope, receive, send, 400,
-                                   f"Content-Length {declared[:32]!r} is not a number")
-                return
-            if size > self.max_bytes:
-                await self._refuse(scope, receive, send, 413, self._too_large(size))
-                return
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away before sending the body
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.max_bytes:
-                await self._refuse(scope, receive, send, 413, self._too_large(received, "+"))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        headers = dict(scope.get("headers") or [])
+        size = _declared_size(headers.get(b"content-length"))
+        if size is not None and size > self.max_bytes:
+            if headers.get(b"expect", b"").lower() != b"100-continue":
+                await self._drain(receive, 0)
+            await self._refuse(scope, receive, send, self._too_large(size))
+            return
+        body = await self._read(scope, receive, send)
+        if body is None:
+            return
+        scope[BODY_SCOPE_KEY] = body
         replayed = False
 
         async def replay() -> Message:
@@ -166,16 +120,110 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
+    async def _read(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None when it was refused (413) or the client went away."""
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # client went away before sending the body
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                more = message.get("more_body", False)
+                if more:
+                    await self._drain(receive, received)
+                await self._refuse(scope, receive, send,
+                                   self._too_large(received, "+" if more else ""))
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _drain(self, receive: Receive, already: int) -> None:
+        """Read and drop the rest of the body, up to the drain bound."""
+        limit = self.max_bytes * DRAIN_FACTOR
+
+        async def drain() -> None:
+            drained = already
+            while drained <= limit:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drain(), DRAIN_TIMEOUT_S)
+
     def _too_large(self, size: int, more: str = "") -> str:
         return (f"request body of {size}{more} bytes is larger than the {self.max_bytes} bytes "
                 "accepted (GATEWAY_MAX_BODY_BYTES)")
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int,
-                      message: str) -> None:
-        code = "request_too_large" if status == 413 else "invalid_content_length"
-        self.on_reject(scope, status, message)
-        response = JSONResponse(error_body(message, type_="invalid_request_error", code=code),
-                                status_code=status, headers={"Connection": "close"})
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, message: str) -> None:
+        response = self.refuse(scope, ApiError(413, message, code="request_too_large",
+                                               headers={"Connection": "close"}))
         await response(scope, receive, send)
 
 
+def _declared_size(value: bytes | None) -> int | None:
+    """The Content-Length header's value (uvicorn's parser, h11, has refused a malformed one
+    with its own 400 before the app runs; anything else here reads as undeclared)."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def publish_limits(schema: dict[str, Any], *, served_names: Sequence[str], max_n: int,
+                   max_messages: int, max_output_tokens: int) -> None:
+    """Write this instance's limits into the OpenAPI ``schema`` (in place), so that it states
+    exactly what the gateway accepts: the served model names (404 for any other), ``n`` up to
+    ``GATEWAY_MAX_N`` and ``ENGINE_MAX_NUM_SEQS``, at most ``GATEWAY_MAX_MESSAGES`` messages (and
+    pins below it),
+    output limits below the context window, and :data:`CROSS_FIELD_RULES`. (What JSON Schema
+    cannot state — ``min_tokens`` at most ``max_tokens``, pins within the conversation, a
+    conversation that fits — docs/gateway.md lists.)"""
+    request = schema["components"]["schemas"]["ChatCompletionRequest"]
+    properties = request["properties"]
+    properties["model"]["anyOf"] = [{"type": "string", "enum": [*served_names, "auto"]},
+                                    {"type": "null"}]
+    _bound(properties["n"], max_n)
+    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        _bound(properties[name], max_output_tokens)
+    properties["messages"]["maxItems"] = max_messages
+    pins = schema["components"]["schemas"]["MangaAssistExtension"]["properties"]["pinned_messages"]
+    _bound(pins["items"], max_messages - 1)
+    request["allOf"] = [_when(field, rule) for field, rule in CROSS_FIELD_RULES]
+
+
+CROSS_FIELD_RULES: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+    # top_logprobs above 0 needs logprobs: true (OpenAI's and vLLM's rule)
+    ({"top_logprobs": {"type": "integer", "minimum": 1}}, {"logprobs": {"const": True}}),
+    # several choices need sampling: not greedy (vLLM's SamplingParams refuses n > 1 at 0)
+    ({"n": {"type": "integer", "minimum": 2}},
+     {"temperature": {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]}}),
+    # one output limit: max_completion_tokens (OpenAI's name now) or max_tokens
+    ({"max_tokens": {"type": "integer"}}, {"max_completion_tokens": {"type": "null"}}),
+)
+"""What one field requires of another, as JSON Schema ``if``/``then`` pairs: (when this field has
+this value, that field must be so). The gateway refuses a request breaking one with a 400."""
+
+
+def _when(condition: dict[str, Any], requirement: dict[str, Any]) -> dict[str, Any]:
+    """``if`` every field of ``condition`` is present and matches, ``then`` ``requirement``
+    (a ``const`` requirement also makes its field required)."""
+    required = [name for name, rule in requirement.items() if "const" in rule]
+    then: dict[str, Any] = {"properties": requirement}
+    if required:
+        then["required"] = required
+    return {"if": {"properties": condition, "required": list(condition)}, "then": then}
+
+
+def _bound(field: dict[str, Any], maximum: int) -> None:
+    """Set the integer branch's maximum of an optional integer field."""
+    for branch in field.get("anyOf", [field]):
+        if branch.get("type") == "integer":
+            branch["maximum"] = min(maximum, branch.get("maximum", maximum))

@@ -26,13 +26,14 @@ from gateway.api_schema import (
     ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
+    ErrorDetail,
+    ErrorResponse,
     FallbackInfo,
     PromptTokensDetails,
     ResponseExtension,
     TokenLogprob,
     TopLogprob,
     Usage,
-    error_body,
 )
 from gateway.chat_types import Answer, ApiError, ChatRun, FinishEvent, PreparedChat
 from gateway.engines import base as engine
@@ -65,15 +66,17 @@ def usage(record: RequestRecord) -> Usage:
 def record_error(record: RequestRecord, error: ApiError) -> None:
     """The request's log fields for an answer that is ``error``."""
     record.status = error.status
-    record.outcome = "rejected" if error.status in (429, 503) else "client_error"
+    record.outcome = ("server_error" if error.status >= 500 and error.code == "internal_error"
+                      else "rejected" if error.status in (429, 503) else "client_error")
     record.error_code = error.code
     record.error_param = error.param
     record.error_message = error.message[:300]
 
 
 def error_document(error: ApiError) -> dict[str, Any]:
-    """OpenAI's error object for ``error``: the one conversion of an ApiError."""
-    return error_body(error.message, type_=error.type_, param=error.param, code=error.code)
+    """OpenAI's error object for ``error``: the one place an error body is built."""
+    return ErrorResponse(error=ErrorDetail(message=error.message, type=error.type_,
+                                           param=error.param, code=error.code)).model_dump()
 
 
 def error_response(record: RequestRecord, error: ApiError,

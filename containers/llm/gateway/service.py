@@ -254,39 +254,37 @@ class ChatService:
             raise ApiError(400, f"n: {request.n} choices asked for; at most {max_n} are "
                                 "accepted (GATEWAY_MAX_N, at most ENGINE_MAX_NUM_SEQS)",
                            param="n")
-        last = len(messages) - 1
-        if messages[last].role != "user":
-            raise ApiError(400, f"messages[{last}].role: the last message must be the user's "
-                                f"current message, got {messages[last].role!r}",
-                           param=f"messages[{last}].role")
-        if not messages[last].text.strip():
-            raise ApiError(400, f"messages[{last}].content: the current message is empty",
-                           param=f"messages[{last}].content")
-        return last
+        # The last message is the current one, whatever its role or content (as OpenAI and
+        # vLLM take it): the window always keeps it.
+        return len(messages) - 1
 
     def _pinned(self, indices: Sequence[int], last: int) -> set[int]:
         pinned: set[int] = set()
         for position, index in enumerate(indices):
-            if index >= last:
-                earlier = f"0..{last - 1}" if last else "there is none"
+            if index == last:
+                continue  # the current message: always kept
+            if index > last:
                 raise ApiError(400, f"mangaassist.pinned_messages[{position}]: {index} is not the "
-                                    f"index of an earlier message ({earlier}); the current "
-                                    "message is always kept",
+                                    f"index of a message (0..{last})",
                                param=f"mangaassist.pinned_messages[{position}]")
             pinned.add(index)
         return pinned
 
     def _max_output_tokens(self, request: ChatCompletionRequest) -> int:
         engine = self.settings.engine
-        if (request.max_tokens is not None and request.max_completion_tokens is not None
-                and request.max_tokens != request.max_completion_tokens):
+        if request.max_tokens is not None and request.max_completion_tokens is not None:
+            # One limit under two names (OpenAI renamed it): as /openapi.json states, one of them.
             raise ApiError(400, f"max_tokens={request.max_tokens} and max_completion_tokens="
-                                f"{request.max_completion_tokens} disagree; send one of them",
+                                f"{request.max_completion_tokens}: send one of them (the same "
+                                "limit under its old and new name)",
                            param="max_completion_tokens")
         requested = request.max_completion_tokens or request.max_tokens
-        if requested is None:
-            return int(self.settings.gateway.context_split.output * engine.max_model_len)
         name = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        if requested is None:
+            default = int(self.settings.gateway.context_split.output * engine.max_model_len)
+            requested, name = max(default, request.min_tokens or 0), "min_tokens"
+            if requested == default:  # else raised to min_tokens (vLLM: min_tokens <= max_tokens)
+                return default
         if requested >= engine.max_model_len:
             raise ApiError(400, f"{name}={requested}: must be below the context window "
                                 f"(max_model_len={engine.max_model_len}) to leave room for the "

@@ -45,7 +45,7 @@ class RequestRecord:
     stream: bool = False
     status: int = 200
     outcome: str = "completed"
-    """completed | fallback | rejected | client_error | aborted"""
+    """completed | fallback | rejected | client_error | server_error | aborted"""
     reached_engine: bool = False
     served_name: str | None = None
     route_reason: str | None = None
