@@ -70,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--cached-prompt-tokens", type=int, default=0,
                           help="prompt tokens the prefix cache serves (default: 0)")
     estimate.add_argument("--output-tokens", type=positive(int), required=True)
-    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=2.29)
-    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05)
+    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=1.1,
+                          help="first-token jitter of an unloaded engine (queueing adds its "
+                          "own tail; default: %(default)s, an assumption)")
+    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05,
+                          help="per-token jitter of an unloaded engine (default: %(default)s)")
     estimate.add_argument("--batch-sizes", type=batch_sizes_argument,
                           default=list(DEFAULT_BATCH_SIZES))
     estimate.add_argument("--write", action="store_true",
@@ -152,7 +155,8 @@ def _estimate_inputs(args: argparse.Namespace, table: DecodeSpeedTable,
         prefill_tokens_per_s=round(prefill, 1), decode_compute_tokens_per_s=round(compute, 1),
         prompt_tokens=args.prompt_tokens, cached_prompt_tokens=args.cached_prompt_tokens,
         output_tokens=args.output_tokens, ttft_p99_over_p50=args.ttft_p99_over_p50,
-        tpot_p99_over_p50=args.tpot_p99_over_p50)
+        tpot_p99_over_p50=args.tpot_p99_over_p50,
+        max_num_batched_tokens=plan.max_num_batched_tokens)
 
 
 def _or(flag: float | None, default: float) -> float:
