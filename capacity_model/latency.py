@@ -115,7 +115,7 @@ class RooflineLatency:
 
     def at(self, batch_size: float) -> DecodePoint:
         """The roofline point (``batch_size`` need not be whole)."""
-        return estimate_point(self.inputs, batch_size)  # type: ignore[arg-type]
+        return estimate_point(self.inputs, batch_size)
 
     def ttft_of(self, batch_size: float, uncached_tokens: float) -> Latency:
         """Its own chunked prefill behind the step in progress and the batch's prefill queue."""
