@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import math
 import sys
@@ -57,6 +58,9 @@ FILLER = ("Which manga series are like One Piece, with a long adventure, a crew 
           "a world full of islands? ")
 ASK = ("Now list as many manga titles as you can, one per line, with a sentence about each, "
        "and do not stop early.")
+
+
+_SERIAL = itertools.count(1)
 
 
 class BenchError(RuntimeError):
@@ -98,8 +102,11 @@ async def calibrate(client: httpx.AsyncClient, prompt_tokens: int) -> str:
 
 
 async def one_request(client: httpx.AsyncClient, prompt: str, output_tokens: int) -> RequestTiming:
-    """Send one streamed request and time it."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": output_tokens,
+    """Send one streamed request and time it. A serial number leads the prompt, so no request
+    finds another's prompt in the prefix cache: every prefill computes the whole prompt, as the
+    profile's TTFT is read (:mod:`capacity_model.latency`)."""
+    content = f"Request {next(_SERIAL)}. {prompt}"
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": output_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first: float | None = None
