@@ -34,6 +34,9 @@ def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str],
         f"XL p99 {capacity.instance.latency_of('XL').time_to_first_token_p99_ms:,.0f} ms",
         f"{capacity.conversation_load.in_flight} turn",
         "in flight within the SLOs",
+        "Seed 001's criteria, as written",
+        "update-cost-allocation-tags-status --cost-allocation-tags-status "
+        "TagKey=Environment,Status=Active TagKey=Owner,Status=Active",
     ):
         assert fragment in out, fragment
 

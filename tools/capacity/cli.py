@@ -105,10 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                              indent=2, ensure_ascii=False))
         else:
             print(format_capacity(capacity))
+            print(cost_allocation_line(environment.settings.tags))
         return 0
     return _estimate(args, settings.capacity.decode_speed_file,
                      settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype,
                                           instance=args.instance))
+
+
+def cost_allocation_line(tags: dict[str, str]) -> str:
+    """Which tags to activate as cost-allocation tags, so that Cost Explorer can confirm the
+    saving per endpoint and environment (the README's first-deploy step 6)."""
+    keys = sorted(tags)
+    status = " ".join(f"TagKey={key},Status=Active" for key in keys)
+    return ("Cost allocation: activate the stage's tags "
+            f"{', '.join(keys)} once per payer account (aws ce update-cost-allocation-tags-status "
+            f"--cost-allocation-tags-status {status}), then group by them in Cost Explorer")
 
 
 def _estimate(args: argparse.Namespace, decode_speed_file: str, plan: MemoryPlan) -> int:
