@@ -14,6 +14,14 @@ two decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
   cancels out, and is kept apart as ``request_overhead_s`` (added to every predicted TTFT);
 * **the unloaded jitter**: the p99 over p50 of both at batch 1.
 
+**What differs from a GPU.** On the CPU build the gateway's and the client's per-request work
+(HTTP, the chat template, tokenizing, admission) runs on the same cores as the engine, so it is
+not only latency: it takes those cores from the engine's steps. :meth:`EngineFit.inputs` counts
+it as the prompt tokens the engine could have prefilled in that time
+(:attr:`EngineFit.serial_request_tokens`) — a first check without it predicted the closed loops'
+throughput 6 % high and the open loop's ceiling far too high. On a GPU host that work runs on
+the CPU beside the GPU's steps, so the GPU estimates leave it out.
+
 :func:`open_loop_batch` turns an arrival rate into the batch it keeps in flight (Little's law at
 the closed loop's request time), which is how the model predicts an open-loop load.
 
@@ -45,13 +53,21 @@ class EngineFit:
     ttft_jitter: float
     tpot_jitter: float
 
+    @property
+    def serial_request_tokens(self) -> float:
+        """The per-request overhead as prompt tokens: what the engine's cores could prefill
+        while the gateway and the client work on a request (module docstring)."""
+        return self.request_overhead_s * self.prefill_tokens_per_s
+
     def inputs(self, *, prompt_tokens: float, cached_prompt_tokens: float,
                output_tokens: float, max_num_batched_tokens: int) -> RooflineInputs:
-        """The roofline at a request shape, with these rates (no memory roof)."""
+        """The roofline at a request shape, with these rates (no memory roof) and the
+        per-request overhead counted as :attr:`serial_request_tokens` more to prefill."""
         return RooflineInputs(
             weights_bytes=1.0, kv_bytes_per_token=1e-9, memory_bandwidth_gb_s=1e6,
             bandwidth_efficiency=1.0, prefill_tokens_per_s=self.prefill_tokens_per_s,
-            decode_compute_tokens_per_s=self.decode_tokens_per_s, prompt_tokens=prompt_tokens,
+            decode_compute_tokens_per_s=self.decode_tokens_per_s,
+            prompt_tokens=prompt_tokens + self.serial_request_tokens,
             cached_prompt_tokens=cached_prompt_tokens, output_tokens=output_tokens,
             ttft_p99_over_p50=self.ttft_jitter, tpot_p99_over_p50=self.tpot_jitter,
             max_num_batched_tokens=max_num_batched_tokens,

@@ -41,6 +41,11 @@ def test_the_fit_recovers_the_engines_rates() -> None:
     assert fit.request_overhead_s == pytest.approx(OVERHEAD_S)
     assert fit.ttft_jitter == pytest.approx(1.3)
     assert fit.tpot_jitter == pytest.approx(1.02)
+    # On a shared CPU the request's overhead takes the engine's cores: 4 ms = 32 prompt tokens.
+    assert fit.serial_request_tokens == pytest.approx(OVERHEAD_S * PREFILL)
+    inputs = fit.inputs(prompt_tokens=100, cached_prompt_tokens=0, output_tokens=10,
+                        max_num_batched_tokens=2048)
+    assert inputs.prompt_tokens == pytest.approx(100 + 32)
 
 
 def test_a_fit_that_cannot_be_made_says_why() -> None:
