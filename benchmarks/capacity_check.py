@@ -2,8 +2,9 @@
 build did through the gateway, with their ratio.
 
 1. **Measure the engine's rates** (the tiny test model × 2, so that its compute shows) with
-   :func:`tools.decode_bench.measure` through the gateway: a short-prompt profile at several
-   batch sizes (the decode step) and a long prompt alone (the prefill rate);
+   :func:`tools.decode_bench.measure` through the gateway: a profile at the mix's mean shape at
+   several batch sizes (the decode step) and a prompt three times as long alone (the prefill
+   rate);
    :func:`capacity_model.engine_fit.fit_engine` fits the roofline to them.
 2. **Predict** with the capacity model's own functions, for the production request mix scaled
    to the test model's context (prompts, ``max_tokens`` and answers × ``max_model_len`` /
@@ -248,12 +249,16 @@ def rows_of(load: str, mine: Figures | None, theirs: Figures, failed: int) -> li
     return rows
 
 
-def fit_profiles(url: str, rounds: int) -> EngineFit:
-    """The two profiles, measured through the gateway, fitted."""
+def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> EngineFit:
+    """The two profiles, measured through the gateway, fitted. The decode profile runs at the
+    mix's mean shape: on a CPU a sequence's share of a step grows with its context (attention
+    over it), so a profile of short prompts would under-count it (the second run's lesson)."""
     target = "the gateway on vLLM's CPU build"
-    short = measure(url, key=KEY, batch_sizes=[1, 4, 16, 32], rounds=rounds, prompt_tokens=24,
-                    output_tokens=24, target=target, log=log)
-    long = measure(url, key=KEY, batch_sizes=[1], rounds=rounds + 2, prompt_tokens=600,
+    prompt = round(sum(b.share * b.prompt_tokens for b in mix))
+    output = round(sum(b.share * b.output_tokens for b in mix))
+    short = measure(url, key=KEY, batch_sizes=[1, 4, 16, 32], rounds=rounds,
+                    prompt_tokens=prompt, output_tokens=output, target=target, log=log)
+    long = measure(url, key=KEY, batch_sizes=[1], rounds=rounds + 2, prompt_tokens=3 * prompt,
                    output_tokens=4, target=target, log=log)
     return fit_engine(short, long)
 
@@ -273,8 +278,8 @@ def run(args: argparse.Namespace) -> list[str]:
     with engine_servers.running(["gateway"], served, engine, log_prefix="capacity-check-",
                                 env=env) as servers:
         url = servers["gateway"].url
-        fit = fit_profiles(url, args.rounds)
         mix = scaled_mix(args.max_model_len)
+        fit = fit_profiles(url, args.rounds, mix)
         model = Model(fit, mix, engine.max_num_batched_tokens, engine.max_num_seqs)
         slo_ms = args.ttft_slo_ms or round(4 * model.at(1).ttft.p50_ms, -1)
         limit = model.limit(slo_ms)

@@ -5,13 +5,14 @@ two decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
 (:mod:`capacity_model.roofline`) to them, then predicts loads it runs next. The fit:
 
 * **the decode step** ``d(B) = h + B / Rc``: a least-squares line through the TPOT p50 of a
-  *short*-prompt profile (its prefills are a few tokens, so its TPOT is the decode step) by
-  batch size — ``h`` the fixed cost of a step, ``Rc`` the decode tokens a second the compute
-  allows. A CPU has no memory roof apart from its compute here (the tiny model's weights sit in
-  cache), so the memory term is set to nothing;
+  profile at the mix's shape (its prefills are short beside its decodes, so its TPOT is the
+  decode step, a sequence's attention over its context included) by batch size — ``h`` the
+  fixed cost of a step, ``Rc`` the decode tokens a second the compute allows. A CPU has no
+  memory roof apart from its compute here (the tiny model's weights sit in cache), so the
+  memory term is set to nothing;
 * **the prefill rate** ``R``: the difference of the single-request TTFT p50 of a *long* and the
-  short prompt over the difference of their tokens — the HTTP and gateway time of a request
-  cancels out, and is kept apart as ``request_overhead_s`` (added to every predicted TTFT);
+  shorter prompt over the difference of their tokens — the HTTP and gateway time of a request
+  cancels out, and is kept apart as ``request_overhead_s``;
 * **the unloaded jitter**: the p99 over p50 of both at batch 1.
 
 **What differs from a GPU.** On the CPU build the gateway's and the client's per-request work
