@@ -13,7 +13,7 @@ on the same GPU, engine and latency model:
   the whole answer's (TTFT p99 + answer × TPOT p99), at 50 in flight;
 * **30+-turn conversations within the SLA**: its own row (:mod:`capacity_model.conversations`).
 
-And the criteria the fleet decides (seed 001's user stories 2 and 4): GPU utilisation on average
+And the criteria the fleet decides (Seed 001's user stories 2 and 4): GPU utilisation on average
 during business hours (> 75 %: the served load over what the instances running at that hour
 sustain), the queue wait p99 at 100 requests a second (< 150 ms: the wait before a request's
 prefill starts — the step in progress and the other prefills ahead,
@@ -37,7 +37,7 @@ from capacity_model.roofline import loop_state, queue_wait_seconds
 SEED_REQUEST_TOKENS = (180, 220, 95)
 """Seed 001's example requests, tokens in all."""
 SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS, SEED_MAX_TOKENS = 100, 65, 512
-"""Their mean (165) split as a short chat turn: 100 prompt tokens, a 65-token answer; seed 001's
+"""Their mean (165) split as a short chat turn: 100 prompt tokens, a 65-token answer; Seed 001's
 own profiling code asks for up to 512 new tokens."""
 SEED_BATCH = 50
 SEED_CONCURRENT_WANTED = 60

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cost_allocation_line(tags: dict[str, str]) -> str:
     """Which tags to activate as cost-allocation tags, so that Cost Explorer can confirm the
-    saving per endpoint and environment (the README's first-deploy step 6)."""
+    saving per endpoint and environment (the README's first deploy says when)."""
     keys = sorted(tags)
     status = " ".join(f"TagKey={key},Status=Active" for key in keys)
     return ("Cost allocation: activate the stage's tags "
