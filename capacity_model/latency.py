@@ -28,7 +28,7 @@ from capacity_model.rates import GpuRates, Scenario
 from capacity_model.roofline import (
     RooflineInputs,
     estimate_point,
-    ttft_seconds,
+    ttft_latency,
 )
 from gpu_budget import MemoryPlan
 
@@ -115,12 +115,11 @@ class RooflineLatency:
 
     def at(self, batch_size: float) -> DecodePoint:
         """The roofline point (``batch_size`` need not be whole)."""
-        return estimate_point(self.inputs, batch_size)  # type: ignore[arg-type]
+        return estimate_point(self.inputs, batch_size)
 
     def ttft_of(self, batch_size: float, uncached_tokens: float) -> Latency:
-        """Its own prefill behind the batch's prefill queue, plus a step."""
-        p50 = ttft_seconds(self.inputs, batch_size, uncached_tokens) * 1000
-        return Latency(p50, p50 * self.inputs.ttft_p99_over_p50)
+        """Its own chunked prefill behind the step in progress and the batch's prefill queue."""
+        return ttft_latency(self.inputs, batch_size, uncached_tokens)
 
 
 @dataclass(frozen=True)
@@ -139,10 +138,10 @@ class RequestShape:
 
 def roofline_inputs(rates: GpuRates, scenario: Scenario, plan: MemoryPlan,
                     shape: RequestShape, *, ttft_p99_over_p50: float, tpot_p99_over_p50: float,
-                    prefill_factor: float = 1.0) -> RooflineInputs:
-    """The roofline's inputs for ``plan`` running ``shape`` at ``scenario``'s rates;
-    ``prefill_factor`` multiplies the prefill rate (a what-if: the cost report's
-    sensitivity)."""
+                    prefill_factor: float = 1.0, step_overhead_s: float = 0.0) -> RooflineInputs:
+    """The roofline's inputs for ``plan`` running ``shape`` at ``scenario``'s rates (chunked
+    prefill in the plan's ``max_num_batched_tokens``); ``prefill_factor`` multiplies the
+    prefill rate (a what-if: the cost report's sensitivity)."""
     return RooflineInputs(
         weights_bytes=plan.weights_bytes, kv_bytes_per_token=plan.kv_bytes_per_token,
         memory_bandwidth_gb_s=rates.memory_bandwidth_gb_s,
@@ -151,7 +150,9 @@ def roofline_inputs(rates: GpuRates, scenario: Scenario, plan: MemoryPlan,
         decode_compute_tokens_per_s=rates.decode_compute_tokens_per_s(scenario),
         prompt_tokens=shape.prompt_tokens, cached_prompt_tokens=shape.cached_prompt_tokens,
         output_tokens=shape.output_tokens, ttft_p99_over_p50=ttft_p99_over_p50,
-        tpot_p99_over_p50=tpot_p99_over_p50)
+        tpot_p99_over_p50=tpot_p99_over_p50,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+        step_overhead_s=step_overhead_s)
 
 
 def latency_model(profile: DecodeProfile, *, rates: GpuRates | None, scenario: Scenario,
@@ -167,7 +168,8 @@ def latency_model(profile: DecodeProfile, *, rates: GpuRates | None, scenario: S
     inputs = roofline_inputs(rates, scenario, plan, shape,
                              ttft_p99_over_p50=stored["ttft_p99_over_p50"],
                              tpot_p99_over_p50=stored["tpot_p99_over_p50"],
-                             prefill_factor=prefill_factor)
+                             prefill_factor=prefill_factor,
+                             step_overhead_s=stored.get("step_overhead_s", 0.0))
     factor = "" if prefill_factor == 1 else f", prefill × {prefill_factor:g}"
     return RooflineLatency(
         inputs=inputs, batch_limit=plan.max_num_seqs,

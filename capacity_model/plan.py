@@ -51,7 +51,7 @@ from capacity_model.instance import (
     LatencySlo,
     instance_capacity,
 )
-from capacity_model.latency import RequestShape, latency_model
+from capacity_model.latency import LatencyModel, RequestShape, latency_model
 from capacity_model.prefix_reuse import (
     Geometry,
     PromptLayout,
@@ -62,6 +62,15 @@ from capacity_model.prefix_reuse import (
     uniform_turns,
 )
 from capacity_model.rates import GpuRates, Scenario
+from capacity_model.seeds import (
+    SEED_MAX_TOKENS,
+    SEED_OUTPUT_TOKENS,
+    SEED_PROMPT_TOKENS,
+    FleetCriteria,
+    SeedReading,
+    fleet_criteria,
+    seed_reading,
+)
 from capacity_model.sessions import (
     PinningSpread,
     ScaleEffects,
@@ -180,6 +189,11 @@ class LlmCapacity:
     reuse_inputs: ReuseInputs
     rates: GpuRates | None
     conversation_load: ConversationLoad | None = None
+    seed_readings: tuple[SeedReading, ...] = ()
+    """Seed 001's per-GPU criteria at the seeds' request size and at this mix
+    (:mod:`capacity_model.seeds`)."""
+    fleet_criteria: FleetCriteria | None = None
+    """Seed 001's fleet criteria for the planned fleet."""
 
     def fleet_for(self, surge: Surge, *, provisioning_s: int | None = None) -> FleetPlan:
         """The fleet plan that absorbs ``surge`` unaided (its recommended headroom), with new
@@ -273,16 +287,40 @@ class _Sizing:
     inputs: ReuseInputs
 
 
-def _size(sizing: _Sizing, history_reuse: float) -> InstanceCapacity:
+def _latency(sizing: _Sizing, history_reuse: float) -> LatencyModel:
     plan, mix = sizing.plan, sizing.mix
     shape = RequestShape(prompt_tokens=mix.mean_prompt_tokens,
                          cached_prompt_tokens=mix.mean_cached_tokens(plan.block_size,
                                                                      history_reuse),
                          output_tokens=mix.mean_output_tokens)
-    model = latency_model(sizing.profile, rates=sizing.rates, scenario=sizing.inputs.scenario,
-                          plan=plan, shape=shape, prefill_factor=sizing.inputs.prefill_factor)
-    return instance_capacity(plan, mix, model, sizing.slo, admission_watermark=sizing.watermark,
+    return latency_model(sizing.profile, rates=sizing.rates, scenario=sizing.inputs.scenario,
+                         plan=plan, shape=shape, prefill_factor=sizing.inputs.prefill_factor)
+
+
+def _size(sizing: _Sizing, history_reuse: float) -> InstanceCapacity:
+    return instance_capacity(sizing.plan, sizing.mix, _latency(sizing, history_reuse),
+                             sizing.slo, admission_watermark=sizing.watermark,
                              history_reuse=history_reuse)
+
+
+def _seed_readings(sizing: _Sizing, history_reuse: float) -> tuple[SeedReading, ...]:
+    """The seeds' per-GPU criteria at their request size (nothing cached: a one-turn chat)
+    and at this platform's mix, on the same GPU and latency model."""
+    bounds, block = sizing.mix.bounds, sizing.plan.block_size
+    seeds = request_mix([BucketDemand(bounds.classify(SEED_PROMPT_TOKENS + SEED_MAX_TOKENS),
+                                      1.0, SEED_PROMPT_TOKENS, SEED_MAX_TOKENS,
+                                      SEED_OUTPUT_TOKENS)], bounds)
+    readings = []
+    for name, mix, reuse in (("seeds' size", seeds, 0.0), ("this mix", sizing.mix,
+                                                             history_reuse)):
+        mixed = replace(sizing, mix=mix)
+        latency = _latency(mixed, reuse)
+        readings.append(seed_reading(
+            name, _size(mixed, reuse), latency,
+            {d.bucket.value: d.uncached_tokens(block, reuse) for d in mix.demands},
+            {d.bucket.value: d.share for d in mix.demands},
+            prompt_tokens=mix.mean_prompt_tokens, output_tokens=mix.mean_output_tokens))
+    return tuple(readings)
 
 
 def _retention(sizing: _Sizing, capacity: InstanceCapacity) -> tuple[float, float]:
@@ -421,4 +459,6 @@ def llm_capacity(
         reuse=state, conversation_reuse=replayed, reuse_inputs=inputs, rates=rates,
         conversation_load=_conversation_load(sizing, replayed, state, conversation,
                                              options[0].concurrent),
+        seed_readings=_seed_readings(sizing, state.history_reuse),
+        fleet_criteria=fleet_criteria(fleet, profile, _latency(sizing, state.history_reuse)),
     )

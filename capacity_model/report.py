@@ -193,10 +193,61 @@ def format_capacity(capacity: LlmCapacity) -> str:
         for cost in option.costs:
             lines.append(f"      {cost}")
     lines += format_conversation_load(capacity)
+    lines += format_seeds(capacity)
     notes = instance.notes
     if notes:
         lines += ["", "Notes", *(f"  - {note}" for note in notes)]
     return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def format_seeds(capacity: LlmCapacity) -> list[str]:
+    """Seed 001's criteria as written: per GPU at the seeds' request size and at this mix, side
+    by side; the 30-turn row; the fleet's criteria for the planned fleet."""
+    readings = capacity.seed_readings
+    if not readings:
+        return []
+    lines = ["", "Seed 001's criteria, as written (seeds' requests: 95-220 tokens in all, taken as "
+             f"{readings[0].prompt_tokens:,.0f} prompt + {readings[0].output_tokens:,.0f} "
+             f"generated; this mix: {readings[-1].prompt_tokens:,.0f} + "
+             f"{readings[-1].output_tokens:,.0f} on average, "
+             f"{capacity.mix.share_of('XL'):.0%} of requests at "
+             f"{next(d.prompt_tokens for d in capacity.mix.demands if d.bucket.value == 'XL'):,}"
+             " prompt tokens)",
+             f"  {'criterion':<44}" + "".join(f"{r.name:>26}" for r in readings)]
+    lines.append(f"  {'concurrent requests per GPU >= 60':<44}" + "".join(
+        f"{f'{r.concurrency} ({_met(r.concurrency >= 60)})':>26}" for r in readings))
+    lines.append(f"  {'  limited by':<44}" + "".join(f"{r.limited_by:>26}" for r in readings))
+    lines.append(f"  {'P99 < 2 s at 50 in flight: first token':<44}" + "".join(
+        f"{f'{r.ttft_p99_at_50_ms:,.0f} ms ({_met(r.ttft_p99_at_50_ms < 2000)})':>26}"
+        for r in readings))
+    lines.append(f"  {'  whole answer (TTFT + answer x TPOT p99)':<44}" + "".join(
+        f"{f'{r.answer_p99_at_50_ms:,.0f} ms ({_met(r.answer_p99_at_50_ms < 2000)})':>26}"
+        for r in readings))
+    configured = capacity.configured_conversations
+    lines.append(f"  {'30+-turn conversations per GPU >= 60':<44}{'-':>26}"
+                 f"{f'{configured.concurrent} ({_met(configured.concurrent >= 60)})':>26}")
+    criteria = capacity.fleet_criteria
+    if criteria is not None:
+        wait = ("not modelled (measured profile)" if criteria.queue_wait_p99_ms is None
+                else f"{criteria.queue_wait_p99_ms:,.0f} ms "
+                f"({_met(criteria.queue_wait_p99_ms < 150)})")
+        lines += [
+            "  the planned fleet",
+            f"    GPU utilisation, business-hours average > 75%   "
+            f"{criteria.business_utilisation:.0%} ({_met(criteria.business_utilisation > 0.75)}:"
+            " served load over what the instances running each hour sustain)",
+            f"    queue wait p99 at 100 RPS < 150 ms              {wait} (at "
+            f"{criteria.queue_instances} instances; the step in progress and the prefills "
+            "ahead)",
+            f"    LLM instances at 2 AM JST <= 2                  {criteria.night_instances} "
+            f"({_met(criteria.night_instances <= 2)}: "
+            f"{criteria.night_invocations_per_min:,.0f} invocations/min expected then)",
+        ]
+    return lines
 
 
 def format_pools(options: Sequence[PoolOption]) -> str:

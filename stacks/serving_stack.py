@@ -5,6 +5,7 @@ It only wires constructs together; each construct's module says what it builds a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,13 @@ from stacks.settings import (
 )
 
 VARIANT_NAME = "AllTraffic"
+
+
+def acknowledgement_id(where: str) -> str:
+    """A release-calendar warning's CDK acknowledgement id, without the spaces and parentheses
+    of its place (``recurring[0] (jump).multiplier``), which ``cdk acknowledge`` would cut."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.:\[\]-]+", "-", where).replace("-.", ".").strip("-")
+    return f"release-calendar:{cleaned}"
 
 
 class ServingStack(cdk.Stack):
@@ -97,7 +105,7 @@ class ServingStack(cdk.Stack):
              "intent": ScalingTarget(settings.intent.scaling, plans.intent_fleet)},
             calendar_file=settings.release_calendar.file)
         for warning in scaling_plan.warnings:
-            cdk.Annotations.of(self).add_warning_v2(f"release-calendar:{warning.where}",
+            cdk.Annotations.of(self).add_warning_v2(acknowledgement_id(warning.where),
                                                     str(warning))
         endpoint_parts = _EndpointParts(artifact_bucket=artifact_bucket,
                                         layout=artifact_layout(settings),

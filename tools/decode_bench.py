@@ -1,4 +1,4 @@
-"""Measure time to first token and time per output token by batch size, through the gateway.
+"""Measure time to first token and time per output token by batch size, through a server.
 
 ``tools/gpu_smoke.sh`` runs this on a GPU once the gateway is up; it is what turns the
 decode-speed table's assumptions into measurements. For each batch size ``B`` it keeps ``B``
@@ -20,6 +20,10 @@ the others as they are.
         --key "NVIDIA A10G|llama-3-8b-instruct|w4a16 int4 g128|auto" \\
         --prompt-tokens 900 --output-tokens 190 --write config/decode_speed.json
 
+Each point's source names what was measured: ``--target`` says what answers at ``--url``
+(default ``the gateway``; e.g. ``--target "vLLM's own server"`` when pointed at the engine
+directly), so a profile reads "through the gateway" only when it was.
+
 The prompt is sized with one calibration request (a non-streamed request's
 ``usage.prompt_tokens``), so the measurement uses the served model's own tokenizer.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import math
 import sys
@@ -53,6 +58,9 @@ FILLER = ("Which manga series are like One Piece, with a long adventure, a crew 
           "a world full of islands? ")
 ASK = ("Now list as many manga titles as you can, one per line, with a sentence about each, "
        "and do not stop early.")
+
+
+_SERIAL = itertools.count(1)
 
 
 class BenchError(RuntimeError):
@@ -94,8 +102,11 @@ async def calibrate(client: httpx.AsyncClient, prompt_tokens: int) -> str:
 
 
 async def one_request(client: httpx.AsyncClient, prompt: str, output_tokens: int) -> RequestTiming:
-    """Send one streamed request and time it."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": output_tokens,
+    """Send one streamed request and time it. A serial number leads the prompt, so no request
+    finds another's prompt in the prefix cache: every prefill computes the whole prompt, as the
+    profile's TTFT is read (:mod:`capacity_model.latency`)."""
+    content = f"Request {next(_SERIAL)}. {prompt}"
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": output_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first: float | None = None
@@ -149,8 +160,9 @@ def point_of(batch_size: int, timings: Sequence[RequestTiming], *, source: str) 
 
 def measure(url: str, *, key: tuple[str, str, str, str], batch_sizes: Sequence[int],
             rounds: int, prompt_tokens: int, output_tokens: int, timeout_s: float = 120.0,
-            log: Any = None) -> DecodeProfile:
-    """Run every batch size against the gateway at ``url``; return the measured profile."""
+            log: Any = None, target: str = "the gateway") -> DecodeProfile:
+    """Run every batch size against the server at ``url`` (``target`` names it in each
+    point's source); return the measured profile."""
 
     async def calibrated() -> str:
         async with httpx.AsyncClient(base_url=url, timeout=timeout_s) as client:
@@ -164,7 +176,7 @@ def measure(url: str, *, key: tuple[str, str, str, str], batch_sizes: Sequence[i
             log(f"batch {size}: {size} × {rounds} streamed requests ...")
         timings = asyncio.run(closed_loop(url, size, rounds, prompt, output_tokens, timeout_s))
         point = point_of(size, timings, source=(
-            f"measured {when} by tools/decode_bench.py through the gateway ({len(timings)} "
+            f"measured {when} by tools/decode_bench.py through {target} ({len(timings)} "
             f"streamed requests of ~{prompt_tokens} prompt tokens, max_tokens {output_tokens})"))
         if log:
             log(f"batch {size}: TTFT p50 {point.ttft.p50_ms:,.0f} ms p99 "
@@ -190,7 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 fine, 1 the gateway misbehaved, 2 a bad argument or table."""
     parser = argparse.ArgumentParser(prog="python -m tools.decode_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--target", default="the gateway",
+                        help="what answers at --url, as each point's source names it "
+                             "(default: %(default)s; e.g. \"vLLM's own server\")")
     parser.add_argument("--key", type=_key, required=True,
                         help="profile key: 'gpu|model|quantization|kv_cache_dtype' (the GPU "
                              "budget's names: MemoryPlan.gpu_model, model_name, quantization)")
@@ -214,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = measure(args.url, key=args.key, batch_sizes=args.batch_sizes,
                           rounds=args.rounds, prompt_tokens=args.prompt_tokens,
                           output_tokens=args.output_tokens, timeout_s=args.timeout_s,
+                          target=args.target,
                           log=lambda text: print(f"[decode-bench] {text}", file=sys.stderr))
     except (BenchError, httpx.HTTPError) as error:
         print(f"decode_bench: FAIL: {error}", file=sys.stderr)

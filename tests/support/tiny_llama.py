@@ -110,8 +110,10 @@ def build_tiny_llama3_tokenizer(qa_jsonl: Path, out_dir: Path, *, vocab_size: in
 
 
 def build_tiny_llama(qa_jsonl: Path, out_dir: Path, *, seed: int = 0,
-                     max_position_embeddings: int = 1024) -> Path:
-    """Write a tokenizer and a random bf16 ``LlamaForCausalLM`` to ``out_dir``; return it."""
+                     max_position_embeddings: int = 1024, scale: int = 1) -> Path:
+    """Write a tokenizer and a random bf16 ``LlamaForCausalLM`` to ``out_dir``; return it.
+    ``scale`` multiplies the hidden and intermediate sizes and the layers (a model whose
+    compute a benchmark can measure: ``benchmarks/capacity_check.py`` takes 2)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -121,9 +123,9 @@ def build_tiny_llama(qa_jsonl: Path, out_dir: Path, *, seed: int = 0,
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
-        num_hidden_layers=NUM_LAYERS,
+        hidden_size=HIDDEN_SIZE * scale,
+        intermediate_size=INTERMEDIATE_SIZE * scale,
+        num_hidden_layers=NUM_LAYERS * scale,
         num_attention_heads=NUM_ATTENTION_HEADS,
         num_key_value_heads=NUM_KV_HEADS,
         max_position_embeddings=max_position_embeddings,
@@ -182,39 +184,44 @@ def build_random_lora(model_dir: Path, adapter: AdapterFixture) -> Path:
 
 
 def build_model_dir(out_dir: Path, *, max_position_embeddings: int = 1024,
-                    adapters: Sequence[AdapterFixture] = ()) -> Path:
+                    adapters: Sequence[AdapterFixture] = (), scale: int = 1) -> Path:
     """The tiny model with its adapters, in one directory."""
-    build_tiny_llama(MANGA_QA, out_dir, max_position_embeddings=max_position_embeddings)
+    build_tiny_llama(MANGA_QA, out_dir, max_position_embeddings=max_position_embeddings,
+                     scale=scale)
     for adapter in adapters:
         build_random_lora(out_dir, adapter)
     return out_dir
 
 
-def _content_key(max_position_embeddings: int, adapters: Sequence[AdapterFixture]) -> str:
+def _content_key(max_position_embeddings: int, adapters: Sequence[AdapterFixture],
+                 scale: int = 1) -> str:
     digest = hashlib.sha256()
     digest.update(Path(__file__).read_bytes())
     digest.update(MANGA_QA.read_bytes())
     digest.update(repr((LLAMA3_INSTRUCT_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS)).encode())
     digest.update(repr((max_position_embeddings, tuple(adapters))).encode())
+    if scale != 1:
+        digest.update(f"scale {scale}".encode())
     return digest.hexdigest()[:16]
 
 
 def cached_model_dir(cache_root: Path, *, max_position_embeddings: int = 1024,
-                     adapters: Sequence[AdapterFixture] = ()) -> Path:
+                     adapters: Sequence[AdapterFixture] = (), scale: int = 1) -> Path:
     """Build the model directory once per content key under ``cache_root`` and reuse it.
 
     The key covers this module's source, the training text, the chat format and the parameters,
     so a change to any of them builds a new directory. The build writes to a temporary sibling
     and renames it, so an interrupted build is never mistaken for a finished one.
     """
-    key = _content_key(max_position_embeddings, adapters)
+    key = _content_key(max_position_embeddings, adapters, scale)
     target = cache_root / f"tiny-llama3-{key}"
     if (target / ".complete").is_file():
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
     staging = cache_root / f".tiny-llama3-{key}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    build_model_dir(staging, max_position_embeddings=max_position_embeddings, adapters=adapters)
+    build_model_dir(staging, max_position_embeddings=max_position_embeddings, adapters=adapters,
+                    scale=scale)
     (staging / ".complete").write_text(key + "\n", encoding="utf-8")
     try:
         staging.rename(target)

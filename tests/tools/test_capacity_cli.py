@@ -28,12 +28,15 @@ def test_plan_prints_every_derived_number(capsys: pytest.CaptureFixture[str],
         f"min {fleet.off_peak.min_capacity}, max {fleet.off_peak.max_capacity}",
         "Long conversations per GPU (30 turns × 100 tokens",
         "is an assumption (not measured)",
-        "prefill 1,567 / 2,507 / 3,260 tokens/s",
+        "prefill 2,239 / 3,611 / 4,012 tokens/s",
         f"counted                       {capacity.reuse.history_reuse:.1%}",
         f"session TTL                   {capacity.reuse.session_ttl_s} s",
         f"XL p99 {capacity.instance.latency_of('XL').time_to_first_token_p99_ms:,.0f} ms",
         f"{capacity.conversation_load.in_flight} turn",
         "in flight within the SLOs",
+        "Seed 001's criteria, as written",
+        "update-cost-allocation-tags-status --cost-allocation-tags-status "
+        "TagKey=Environment,Status=Active TagKey=Owner,Status=Active",
     ):
         assert fragment in out, fragment
 

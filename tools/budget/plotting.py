@@ -47,7 +47,7 @@ def plot_plan(memory_plan: MemoryPlan, path: str | Path) -> Path:
     layers = [
         ("weights (static)", memory_plan.weights_bytes, "#4C72B0"),
         ("LoRA slots (static)", memory_plan.lora_bytes, "#8172B2"),
-        ("activation + sampler + non-torch reserve", memory_plan.reserve_bytes, "#DD8452"),
+        ("max(activation, sampler) + non-torch reserve", memory_plan.reserve_bytes, "#DD8452"),
         ("KV cache pool (dynamic)", memory_plan.kv_pool_bytes, "#55A868"),
         (
             "unused remainder of budget",

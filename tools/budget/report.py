@@ -35,9 +35,9 @@ def format_plan(plan: MemoryPlan) -> str:
         _row("static: weights", plan.weights_bytes, total),
         _row(f"static: LoRA slots ({plan.max_loras} x rank {plan.max_lora_rank})",
              plan.lora_bytes, total),
-        _row("reserve: peak activation + non-torch", plan.reserve_bytes, total),
+        _row("reserve: max(forward pass, sampler) + non-torch", plan.reserve_bytes, total),
         _row(f"  forward pass @ {plan.max_num_batched_tokens:,} batched tokens",
-             plan.forward_activation_bytes),
+             plan.forward_activation_bytes),  # the two run at different times: the larger counts
         _row(f"  sampler @ {plan.max_num_seqs:,} sequences", plan.sampler_bytes),
         _row("  non-torch (NCCL, cuBLAS workspaces)", plan.non_torch_bytes),
         _row("dynamic: KV cache pool", plan.kv_pool_bytes, total),

@@ -70,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--cached-prompt-tokens", type=int, default=0,
                           help="prompt tokens the prefix cache serves (default: 0)")
     estimate.add_argument("--output-tokens", type=positive(int), required=True)
-    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=2.29)
-    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05)
+    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=1.1,
+                          help="first-token jitter of an unloaded engine (queueing adds its "
+                          "own tail; default: %(default)s, an assumption)")
+    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05,
+                          help="per-token jitter of an unloaded engine (default: %(default)s)")
     estimate.add_argument("--batch-sizes", type=batch_sizes_argument,
                           default=list(DEFAULT_BATCH_SIZES))
     estimate.add_argument("--write", action="store_true",
@@ -102,10 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                              indent=2, ensure_ascii=False))
         else:
             print(format_capacity(capacity))
+            print(cost_allocation_line(environment.settings.tags))
         return 0
     return _estimate(args, settings.capacity.decode_speed_file,
                      settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype,
                                           instance=args.instance))
+
+
+def cost_allocation_line(tags: dict[str, str]) -> str:
+    """Which tags to activate as cost-allocation tags, so that Cost Explorer can confirm the
+    saving per endpoint and environment (the README's first deploy says when)."""
+    keys = sorted(tags)
+    status = " ".join(f"TagKey={key},Status=Active" for key in keys)
+    return ("Cost allocation: activate the stage's tags "
+            f"{', '.join(keys)} once per payer account (aws ce update-cost-allocation-tags-status "
+            f"--cost-allocation-tags-status {status}), then group by them in Cost Explorer")
 
 
 def _estimate(args: argparse.Namespace, decode_speed_file: str, plan: MemoryPlan) -> int:
@@ -152,7 +166,8 @@ def _estimate_inputs(args: argparse.Namespace, table: DecodeSpeedTable,
         prefill_tokens_per_s=round(prefill, 1), decode_compute_tokens_per_s=round(compute, 1),
         prompt_tokens=args.prompt_tokens, cached_prompt_tokens=args.cached_prompt_tokens,
         output_tokens=args.output_tokens, ttft_p99_over_p50=args.ttft_p99_over_p50,
-        tpot_p99_over_p50=args.tpot_p99_over_p50)
+        tpot_p99_over_p50=args.tpot_p99_over_p50,
+        max_num_batched_tokens=plan.max_num_batched_tokens)
 
 
 def _or(flag: float | None, default: float) -> float:

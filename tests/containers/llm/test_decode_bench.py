@@ -8,6 +8,7 @@ the batch, and the profile written back is one the capacity model reads.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,21 @@ def test_measures_ttft_and_tpot_by_batch_and_writes_the_profile_back(
     assert six.tpot.p50_ms > one.tpot.p50_ms  # six sequences make each step longer
     assert one.ttft.p99_ms >= one.ttft.p50_ms > 0
     assert "measured" in one.source and "tools/decode_bench.py" in one.source
+    assert "through the gateway" in one.source  # the default target
+
+
+def test_the_source_names_the_server_it_measured(
+        start_gateway: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pointed at something else, the profile must not claim "through the gateway"."""
+    gateway: GatewayProcess = start_gateway({"SIM_STEP_TIME_S": "0.005",
+                                             "SIM_EOS_PROBABILITY": "0"})
+    gateway.wait_ready()
+    assert main(["--url", gateway.url, "--key", KEY, "--batch-sizes", "1", "--rounds", "1",
+                 "--prompt-tokens", "60", "--output-tokens", "4",
+                 "--target", "a test server"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    source = printed["points"][0]["source"]
+    assert "through a test server" in source and "gateway" not in source
 
 
 def test_a_bad_key_or_an_unreachable_gateway_fail_cleanly(tmp_path: Path) -> None:

@@ -1,0 +1,344 @@
+"""The capacity model checked against a running engine: its predictions beside what vLLM's CPU
+build did through the gateway, with their ratio.
+
+1. **Measure the engine's rates** (the tiny test model × 2, so that its compute shows) with
+   :func:`tools.decode_bench.measure` through the gateway: a profile at the mix's mean shape at
+   several batch sizes (the decode step) and a prompt three times as long alone (the prefill
+   rate);
+   :func:`capacity_model.engine_fit.fit_engine` fits the roofline to them.
+2. **Predict** with the capacity model's own functions, for the production request mix scaled
+   to the test model's context (prompts, ``max_tokens`` and answers × ``max_model_len`` /
+   4,096; prompts unique, so nothing is cached): throughput, TTFT and TPOT p50/p99 at several
+   concurrencies, the concurrency at which TTFT p99 reaches ``--ttft-slo-ms``
+   (:func:`capacity_model.instance.slo_limit`), the sustainable rate there (Little's law, as
+   :func:`capacity_model.instance.instance_capacity` computes it) and what open-loop arrivals at
+   that rate and at 1.5× it keep in flight (:func:`capacity_model.engine_fit.open_loop_batch`).
+3. **Run those loads** through the gateway (``GATEWAY_TTFT_SLO_S`` at its longest, so the
+   engine, not admission, is measured): closed loops at 1, half the limit and the limit, and
+   Poisson arrivals at the sustainable rate and 1.5× it, ``--duration-s`` each.
+4. **Print** predicted, measured and their ratio per load and figure, marking every throughput
+   or TTFT p50 more than 25 % off; docs/capacity.md#checked-against-a-running-engine says why
+   each miss is the CPU engine's, not a GPU's, or how the model was corrected.
+
+The machine's load average is printed before and after (the figures are noisy on a shared
+host). A benchmark, not a test: it exits 0.
+
+    python benchmarks/capacity_check.py [--duration-s 45] [--ttft-slo-ms 0 (auto)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import engine_servers
+import httpx
+from engine_servers import EngineConfig, Served
+
+from capacity_model.decode_speed import Latency
+from capacity_model.engine_fit import (
+    EngineFit,
+    FitError,
+    fit_engine,
+    open_loop_batch,
+    ratio,
+)
+from capacity_model.instance import LatencySlo, mixture_quantile, slo_limit
+from capacity_model.latency import RooflineLatency
+from capacity_model.roofline import RooflineInputs, request_seconds, tpot_latency, ttft_latency
+from stacks.settings import load_environment
+from tools.decode_bench import calibrate, measure, one_request, percentile
+
+KEY = ("vLLM CPU", "tiny-llama3", "bfloat16", "auto")
+TOLERANCE = 0.25
+PRODUCTION_CONTEXT = 4096
+MODEL_SCALE = 2
+"""The tiny model × 2 (hidden 512, 4 layers, ~9M parameters): at × 1 its prefill and per-sequence
+compute vanish in the per-step overhead, and the check would see nothing but that overhead."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of the scaled mix."""
+
+    name: str
+    share: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Throughput (requests/min) and latencies (ms) of one load, predicted or measured."""
+
+    per_min: float
+    ttft: Latency
+    tpot: Latency
+    in_flight: float
+
+
+def log(text: str) -> None:
+    """Progress on stderr."""
+    print(f"[capacity-check] {text}", file=sys.stderr, flush=True)
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load average and the cores."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def scaled_mix(max_model_len: int) -> list[Bucket]:
+    """Production's request mix × ``max_model_len`` / 4,096."""
+    mix = load_environment("prod").plans.llm_capacity.mix
+    scale = max_model_len / PRODUCTION_CONTEXT
+    return [Bucket(d.bucket.value, d.share, max(8, round(d.prompt_tokens * scale)),
+                   max(2, round(d.output_tokens * scale))) for d in mix.demands]
+
+
+class Model:
+    """The capacity model's predictions for the scaled mix on the fitted engine."""
+
+    def __init__(self, fit: EngineFit, mix: Sequence[Bucket], budget: int, max_seqs: int):
+        self.fit, self.mix, self.max_seqs = fit, mix, max_seqs
+        self.inputs: RooflineInputs = fit.inputs(
+            prompt_tokens=sum(b.share * b.prompt_tokens for b in mix), cached_prompt_tokens=0,
+            output_tokens=sum(b.share * b.output_tokens for b in mix),
+            max_num_batched_tokens=budget)
+        self.serial = fit.serial_request_tokens
+
+    def uncached(self) -> dict[str, float]:
+        """Each bucket's prompt, the request's serial overhead added (engine_fit's docstring)."""
+        return {b.name: b.prompt_tokens + self.serial for b in self.mix}
+
+    def ttft(self, batch: float) -> Latency:
+        """TTFT of all requests (the buckets mixed by share)."""
+        parts = [(b.share, ttft_latency(self.inputs, batch, self.uncached()[b.name]))
+                 for b in self.mix]
+        return Latency(mixture_quantile(parts, 0.5), mixture_quantile(parts, 0.99))
+
+    def at(self, batch: float) -> Figures:
+        """A closed loop of ``batch`` requests."""
+        seconds = request_seconds(self.inputs, batch)
+        return Figures(60 * batch / seconds, self.ttft(batch), tpot_latency(self.inputs, batch),
+                       batch)
+
+    def limit(self, ttft_slo_ms: float) -> int:
+        """The largest batch whose TTFT p99 over all requests meets the SLO."""
+        latency = RooflineLatency(self.inputs, self.max_seqs, "fitted CPU engine")
+        return slo_limit(latency, LatencySlo(ttft_slo_ms, 1e9), uncached_tokens=self.uncached(),
+                         shares={b.name: b.share for b in self.mix})
+
+    def sustainable_per_min(self, batch: int) -> float:
+        """Little's law at ``batch`` with the request lasting TTFT + answer × TPOT (p50s)."""
+        point = self.at(batch)
+        seconds = (point.ttft.p50_ms + self.inputs.output_tokens * point.tpot.p50_ms) / 1000
+        return 60 * batch / seconds
+
+    def open_loop(self, per_min: float) -> Figures | None:
+        """Arrivals at ``per_min``: the batch they keep in flight, or None beyond capacity."""
+        engine_per_s = per_min / 60
+        batch = open_loop_batch(self.inputs, engine_per_s, self.max_seqs)
+        if batch is None:
+            return None
+        point = self.at(batch)
+        return Figures(per_min, point.ttft, point.tpot, batch)
+
+
+@dataclass(frozen=True)
+class Done:
+    """One answered request."""
+
+    sent: float
+    ended: float
+    ttft_ms: float
+    tpot_ms: float | None
+
+
+async def _send(client: httpx.AsyncClient, prompts: dict[str, str], bucket: Bucket,
+                started: float) -> Done | None:
+    sent = time.perf_counter()
+    try:
+        timing = await one_request(client, prompts[bucket.name], bucket.output_tokens)
+    except Exception as error:  # a refused or failed request is counted, not fatal
+        log(f"a request failed: {error}")
+        return None
+    return Done(sent - started, time.perf_counter() - started, timing.ttft_s * 1000,
+                None if timing.tpot_s is None else timing.tpot_s * 1000)
+
+
+def _pick(rng: random.Random, mix: Sequence[Bucket]) -> Bucket:
+    return rng.choices(list(mix), weights=[b.share for b in mix])[0]
+
+
+async def closed(url: str, prompts: dict[str, str], mix: Sequence[Bucket], batch: int,
+                 duration_s: float, seed: int) -> list[Done | None]:
+    """``batch`` workers, each sending the next request when its last one ends."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=batch + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        started = time.perf_counter()
+
+        async def worker() -> list[Done | None]:
+            done: list[Done | None] = []
+            while time.perf_counter() - started < duration_s:
+                done.append(await _send(client, prompts, _pick(rng, mix), started))
+            return done
+
+        results = await asyncio.gather(*(worker() for _ in range(batch)))
+    return [d for worker_done in results for d in worker_done]
+
+
+async def poisson(url: str, prompts: dict[str, str], mix: Sequence[Bucket], per_min: float,
+                  duration_s: float, seed: int) -> list[Done | None]:
+    """Arrivals at ``per_min`` (exponential gaps) for ``duration_s``; all answered."""
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=300,
+                                 limits=httpx.Limits(max_connections=256)) as client:
+        started = time.perf_counter()
+        tasks = []
+        at = rng.expovariate(per_min / 60)
+        while at < duration_s:
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
+            tasks.append(asyncio.create_task(_send(client, prompts, _pick(rng, mix), started)))
+            at += rng.expovariate(per_min / 60)
+        return list(await asyncio.gather(*tasks))
+
+
+def measured(done: Sequence[Done | None], duration_s: float) -> tuple[Figures, int]:
+    """Figures of the answered requests sent after the first fifth (the warm-up), and how
+    many failed."""
+    answered = [d for d in done if d is not None]
+    failed = len(done) - len(answered)
+    steady = [d for d in answered if d.sent >= duration_s / 5] or answered
+    span = max(d.ended for d in steady) - min(d.sent for d in steady)
+    busy = sum(d.ended - d.sent for d in steady) / span if span else 0.0
+    tpots = [d.tpot_ms for d in steady if d.tpot_ms is not None] or [0.0]
+    ttfts = [d.ttft_ms for d in steady]
+    return Figures(60 * len(steady) / span if span else 0.0,
+                   Latency(statistics.median(ttfts), percentile(ttfts, 0.99)),
+                   Latency(statistics.median(tpots), percentile(tpots, 0.99)), busy), failed
+
+
+def rows_of(load: str, mine: Figures | None, theirs: Figures, failed: int) -> list[str]:
+    """Table rows of one load: figure, predicted, measured, ratio (* when > 25 % off for
+    throughput or TTFT p50)."""
+    if mine is None:
+        return [f"| {load} | throughput /min | beyond capacity | {theirs.per_min:,.1f} | - |",
+                f"| {load} | TTFT p50 ms | unbounded queue | {theirs.ttft.p50_ms:,.0f} | - |"]
+    rows = []
+    for name, pred, meas, checked in (
+            ("in flight", mine.in_flight, theirs.in_flight, False),
+            ("throughput /min", mine.per_min, theirs.per_min, True),
+            ("TTFT p50 ms", mine.ttft.p50_ms, theirs.ttft.p50_ms, True),
+            ("TTFT p99 ms", mine.ttft.p99_ms, theirs.ttft.p99_ms, False),
+            ("TPOT p50 ms", mine.tpot.p50_ms, theirs.tpot.p50_ms, False),
+            ("TPOT p99 ms", mine.tpot.p99_ms, theirs.tpot.p99_ms, False)):
+        share = ratio(pred, meas)
+        flag = " *" if checked and abs(share - 1) > TOLERANCE else ""
+        rows.append(f"| {load} | {name} | {pred:,.1f} | {meas:,.1f} | {share:.2f}{flag} |")
+    if failed:
+        rows.append(f"| {load} | failed requests | 0 | {failed} | - |")
+    return rows
+
+
+def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> EngineFit:
+    """The two profiles, measured through the gateway, fitted. The decode profile runs at the
+    mix's mean shape: on a CPU a sequence's share of a step grows with its context (attention
+    over it), so a profile of short prompts would under-count it (the second run's lesson)."""
+    target = "the gateway on vLLM's CPU build"
+    prompt = round(sum(b.share * b.prompt_tokens for b in mix))
+    output = round(sum(b.share * b.output_tokens for b in mix))
+    short = measure(url, key=KEY, batch_sizes=[1, 4, 16, 32], rounds=rounds,
+                    prompt_tokens=prompt, output_tokens=output, target=target, log=log)
+    long = measure(url, key=KEY, batch_sizes=[1], rounds=rounds + 2, prompt_tokens=3 * prompt,
+                   output_tokens=4, target=target, log=log)
+    return fit_engine(short, long)
+
+
+async def bucket_prompts(url: str, mix: Sequence[Bucket]) -> dict[str, str]:
+    """A prompt of each bucket's size in the served model's tokens."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return {b.name: await calibrate(client, b.prompt_tokens) for b in mix}
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    """Start the gateway, fit, predict, run the loads; the table's lines."""
+    engine = EngineConfig(max_model_len=args.max_model_len)
+    served = Served(model_dir=engine_servers.tiny_model(scale=MODEL_SCALE))
+    env = {"gateway": {"GATEWAY_TTFT_SLO_S": "59"}}
+    lines = [f"before: {load_average()}"]
+    with engine_servers.running(["gateway"], served, engine, log_prefix="capacity-check-",
+                                env=env) as servers:
+        url = servers["gateway"].url
+        mix = scaled_mix(args.max_model_len)
+        fit = fit_profiles(url, args.rounds, mix)
+        model = Model(fit, mix, engine.max_num_batched_tokens, engine.max_num_seqs)
+        slo_ms = args.ttft_slo_ms or round(4 * model.at(1).ttft.p50_ms, -1)
+        limit = model.limit(slo_ms)
+        rate = model.sustainable_per_min(limit)
+        lines += [
+            f"fitted: step {fit.step_overhead_s * 1000:.2f} ms + "
+            f"{1000 / fit.decode_tokens_per_s:.3f} ms a sequence, prefill "
+            f"{fit.prefill_tokens_per_s:,.0f} tokens/s, request overhead "
+            f"{fit.request_overhead_s * 1000:.1f} ms, unloaded jitter TTFT {fit.ttft_jitter:.2f} "
+            f"TPOT {fit.tpot_jitter:.2f}",
+            f"mix (production's × {args.max_model_len}/4,096): " + ", ".join(
+                f"{b.name} {b.share:.0%} {b.prompt_tokens}+{b.output_tokens}" for b in mix),
+            f"TTFT p99 SLO {slo_ms:,.0f} ms: reached at {limit} in flight (predicted); "
+            f"sustainable {rate:,.1f}/min there",
+            "", "| load | figure | predicted | measured | ratio |", "|---|---|---|---|---|"]
+        prompts = asyncio.run(bucket_prompts(url, mix))
+        loads: list[tuple[str, Figures | None, list[Done | None]]] = []
+        for batch in sorted({1, max(1, limit // 2), limit}):
+            log(f"closed loop of {batch} for {args.duration_s:g} s ...")
+            loads.append((f"closed {batch}", model.at(batch), asyncio.run(
+                closed(url, prompts, mix, batch, args.duration_s, seed=batch))))
+        for factor in (1.0, 1.5):
+            log(f"Poisson arrivals at {factor:g}× {rate:,.1f}/min for {args.duration_s:g} s ...")
+            loads.append((f"open {factor:g}× ({rate * factor:,.0f}/min)",
+                          model.open_loop(rate * factor), asyncio.run(
+                              poisson(url, prompts, mix, rate * factor, args.duration_s,
+                                      seed=int(factor * 10)))))
+        for load, mine, done in loads:
+            figures, failed = measured(done, args.duration_s)
+            lines += rows_of(load, mine, figures, failed)
+            if load == f"closed {limit}":
+                lines.append(f"| {load} | TTFT p99 within SLO | yes (limit) | "
+                             f"{'yes' if figures.ttft.p99_ms <= slo_ms else 'no'} | - |")
+    lines.append(f"after: {load_average()}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check; always 0 (a benchmark)."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=45.0, help="per load")
+    parser.add_argument("--rounds", type=int, default=3, help="requests per worker in the fit")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--ttft-slo-ms", type=float, default=0.0,
+                        help="the TTFT p99 SLO the limit is found at (0: 4 × the predicted "
+                             "single-request p50)")
+    args = parser.parse_args(argv)
+    if engine_servers.vllm_missing():
+        return 0
+    try:
+        lines = run(args)
+    except FitError as error:
+        print(f"capacity_check: the engine's rates could not be fitted: {error}", flush=True)
+        return 0
+    for line in lines:
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
