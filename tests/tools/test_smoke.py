@@ -159,10 +159,16 @@ def test_fails_saying_why_when_the_gateway_answers_with_a_fallback(
     gateway: GatewayProcess, intent_server: str, aws_env: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # 48 tokens at 20 ms a step: the first conversation is in flight for about a second when
-    # the simulated CUDA OOM kills the engine; the gateway answers it with a fallback.
+    # 48 tokens at 20 ms a step: the first conversation is in flight for about a second; the
+    # simulated CUDA OOM kills the engine as soon as /ping shows it running, and the gateway
+    # answers it with a fallback.
     def oom_soon() -> None:
-        time.sleep(0.4)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            admission = httpx.get(f"{gateway.url}/ping", timeout=5).json()["admission"]
+            if admission["running_sequences"]:
+                break
+            time.sleep(0.02)
         httpx.post(f"{gateway.url}/admin/engine/oom", timeout=5)
 
     with RuntimeStandin(config(gateway, intent_server)) as standin:

@@ -341,6 +341,8 @@ class GatewayLifecycle:
         arrivals = admission.arrivals
         last = arrivals.last_refused_while_idle_at
         return {
+            "running_sequences": admission.running_sequences,
+            "waiting": admission.waiting,
             "forecast_calibration": round(admission.forecasts.calibration(now), 4),
             "first_token_calibration": round(admission.first_tokens.calibration(now), 4),
             "refused_by_forecast": arrivals.refused_by_forecast,
