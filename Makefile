@@ -155,10 +155,10 @@ lint: setup ## ruff; the complexity gate (radon, no function above 20) and the l
 typecheck: setup ## mypy on the application code, the operator commands, the checks and the test support
 	$(VENV)/bin/mypy app.py stacks tools checks tests/support metrics_contract request_buckets context_window serving_contract prompts intents artifact_manifest gpu_budget capacity_model release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 15 min; the first run builds the four other venvs before, about 30 min more
+test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 28 min; the first run builds the four other venvs before, about 30 min more
 	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
 
-test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build ## about 5 min
+test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build ## about 10 min
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine
 
 diff: setup ## infrastructure diff of the working tree against BASE (default origin/main); FAIL=1 gates ## about 5 min (two syntheses)

@@ -86,4 +86,4 @@ def test_make_help_says_how_long_the_long_targets_take() -> None:
         else:
             assert shown is None, f"make {target} says {shown['duration']!r} but is not long"
     assert lines["synth"].endswith("[about 2.5 min]")
-    assert "[about 15 min" in lines["test"]
+    assert "[about 28 min" in lines["test"]
