@@ -70,6 +70,9 @@ class RefusalReason(StrEnum):
     KV_POOL = "kv_pool"
     """The running requests hold so much of the pool now that this prompt does not fit (it
     waits for dispatch; never a refusal)."""
+    MAX_RUNNING = "max_running"
+    """The engine runs ``max_num_seqs`` sequences already (it waits for dispatch; never a
+    refusal)."""
     BUCKET_CAP = "bucket_cap"
     PROBE_LIMIT = "half_open_probe_limit"
     NEVER_FITS = "never_fits"
@@ -505,12 +508,18 @@ class AdmissionController:
         return ticket
 
     def _contended(self, ticket: _Ticket) -> bool:
-        """Whether ``ticket`` competes for capacity in use: others queued ahead of it, or its
-        prompt, its bucket or its sequences do not fit beside the running ones now."""
+        """Whether ``ticket`` competes for capacity in use: others queued ahead of it, or it
+        could not be dispatched now (:meth:`_blocked`)."""
+        return bool(self._queue) or self._blocked(ticket) is not None
+
+    def _blocked(self, ticket: _Ticket) -> RefusalReason | None:
+        """Why ``ticket`` cannot be dispatched now (None: it can): the engine's sequences are
+        taken, or the ledger's reason (its bucket's cap, or its prompt beside what the running
+        requests hold)."""
         request = ticket.request
-        return (bool(self._queue)
-                or self._running_sequences + request.sequences > self.max_running
-                or self.ledger.refusal(request.bucket, ticket.tokens) is not None)
+        if self._running_sequences + request.sequences > self.max_running:
+            return RefusalReason.MAX_RUNNING
+        return self.ledger.refusal(request.bucket, ticket.tokens)
 
     # The replay (gateway.forecast) counts each entry as one running sequence, so a request of
     # n choices is handed to it as n entries: the request itself, with the KV it holds, bucket
@@ -607,9 +616,7 @@ class AdmissionController:
         index = 0
         while index < len(self._queue):
             ticket = self._queue[index]
-            if self._running_sequences + ticket.request.sequences > self.max_running:
-                return
-            reason = self.ledger.refusal(ticket.request.bucket, ticket.tokens)
+            reason = self._blocked(ticket)
             if reason is RefusalReason.BUCKET_CAP:
                 index += 1
                 continue

@@ -284,7 +284,6 @@ class GatewayLifecycle:
         intercept, slope = admission.steps.line()
         first, per_token = admission.first_token.line()
         ratio = admission.forecasts.ratio_median()
-        arrivals = admission.arrivals
         return {
             "step_ms_at_1": round(1000 * (intercept + slope), 3),
             "step_ms_per_sequence": round(1000 * slope, 4),
@@ -292,10 +291,18 @@ class GatewayLifecycle:
             "first_token_ms_per_1k_prompt_tokens": round(1_000_000 * per_token, 3),
             "typical_answer_tokens": admission.lengths.typical(),
             "forecast_ttft_ratio_median": None if ratio is None else round(ratio, 3),
-            "forecast_calibration": round(admission.forecasts.calibration(admission.clock()), 4),
-            "first_token_calibration": round(
-                admission.first_tokens.calibration(admission.clock()), 4),
             "forecasts_late": admission.forecasts.late + admission.first_tokens.late,
+            **self.admission_decisions(self.clock()),
+        }
+
+    def admission_decisions(self, now: float) -> dict[str, Any]:
+        """The two calibrations at ``now`` and what admission decided by forecast (the gauge
+        line and /ping's ``admission`` block)."""
+        admission = self.admission
+        arrivals = admission.arrivals
+        return {
+            "forecast_calibration": round(admission.forecasts.calibration(now), 4),
+            "first_token_calibration": round(admission.first_tokens.calibration(now), 4),
             "refused_by_forecast": arrivals.refused_by_forecast,
             "refused_while_idle": arrivals.refused_while_idle,
             "forecast_probes": arrivals.probes,
@@ -338,16 +345,10 @@ class GatewayLifecycle:
         """/ping's view of admission: how often the forecast refused, and how often while the
         engine was nearly idle (a forecast gone wrong; it also pages, docs/runbooks)."""
         admission = self.admission
-        arrivals = admission.arrivals
-        last = arrivals.last_refused_while_idle_at
+        last = admission.arrivals.last_refused_while_idle_at
         return {
             "running_sequences": admission.running_sequences,
             "waiting": admission.waiting,
-            "forecast_calibration": round(admission.forecasts.calibration(now), 4),
-            "first_token_calibration": round(admission.first_tokens.calibration(now), 4),
-            "refused_by_forecast": arrivals.refused_by_forecast,
-            "refused_while_idle": arrivals.refused_while_idle,
+            **self.admission_decisions(now),
             "last_refused_while_idle_s_ago": None if last is None else round(now - last, 1),
-            "forecast_probes": arrivals.probes,
-            "idle_admits": arrivals.idle_admits,
         }
