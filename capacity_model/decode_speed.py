@@ -237,6 +237,12 @@ def parse_decode_table(text: str, *, source: str = "decode-speed table") -> Deco
                             rates=_rates(document.get("rates", []), source))
 
 
+def parse_profile(data: Any, *, source: str = "decode-speed profile") -> DecodeProfile:
+    """One profile as ``DecodeProfile.to_dict`` writes it (``python -m tools.decode_bench``'s
+    output), checked as the table's are; DecodeTableError names the place."""
+    return _profile(data, source)
+
+
 def _rates(data: Any, source: str) -> tuple[GpuRates, ...]:
     if not isinstance(data, list):
         raise DecodeTableError(f"{source}.rates: accepted: a list of rates entries")

@@ -63,7 +63,7 @@ fi
 
 # The smoke test's Python steps (tools/gpu_smoke_report.py), in its environment.
 report() {
-  (cd "$here" && PYTHONPATH="$here" "$venv_python" -c \
+  (cd "$here" && PYTHONPATH="$here:$here/containers/llm" "$venv_python" -c \
     'import sys; from tools.gpu_smoke_report import main; sys.exit(main(sys.argv[1:]))' "$@")
 }
 

@@ -5,15 +5,16 @@
     cold --url URL [--requests 10] [--interval 1]
                                       short streamed chats INTERVAL s apart right after /ping turned
                                       200: each status and time to first token, "N/10 served"
-    vllm-args                         vLLM's own OpenAI server's arguments for the ENGINE_* settings
-                                      in the environment (the same engine as the gateway's)
+    vllm-args                         vLLM's own OpenAI server's arguments: the gateway's own
+                                      engine arguments for the GATEWAY_*/ENGINE_* settings in the
+                                      environment
     compare GATEWAY.json VLLM.json    two decode_bench profiles side by side: TTFT and TPOT p50,
                                       gateway ÷ vLLM
     write --profile P.json --table T.json
                                       merge a decode_bench profile into a decode-speed table
 
-Runs in the smoke test's environment (vLLM's), so it imports only the standard library, httpx and,
-for ``adapter``, torch and safetensors.
+Runs in the smoke test's environment (vLLM's, with the gateway's requirements and
+containers/llm on the path): ``vllm-args`` reads the settings as the gateway does.
 """
 
 from __future__ import annotations
@@ -97,28 +98,33 @@ def cold_start(url: str, *, requests: int, interval_s: float) -> int:
     return 0 if served == requests else 1
 
 
-VLLM_FLAGS = {
-    "ENGINE_MAX_MODEL_LEN": "--max-model-len", "ENGINE_GPU_MEMORY_UTILIZATION":
-    "--gpu-memory-utilization", "ENGINE_MAX_NUM_SEQS": "--max-num-seqs",
-    "ENGINE_MAX_NUM_BATCHED_TOKENS": "--max-num-batched-tokens", "ENGINE_DTYPE": "--dtype",
-    "ENGINE_KV_CACHE_DTYPE": "--kv-cache-dtype", "ENGINE_QUANTIZATION": "--quantization",
-    "ENGINE_MAX_LORAS": "--max-loras", "ENGINE_MAX_LORA_RANK": "--max-lora-rank",
-    "ENGINE_LOAD_FORMAT": "--load-format", "ENGINE_ATTENTION_BACKEND": "--attention-backend",
-}
-"""The ENGINE_* settings the smoke test sets, as vLLM's server takes them."""
+SERVER_SKIPS = ("disable_log_stats", "enable_log_requests")
+"""The gateway's own logging choices among its engine arguments (the server keeps its own)."""
 
 
 def vllm_server_args(environ: dict[str, str]) -> list[str]:
-    """vLLM's own server on the gateway's model and engine settings (one argument a line)."""
-    model = environ["GATEWAY_MODEL_DIR"]
-    args = [model, "--served-model-name", environ.get("GATEWAY_SERVED_MODEL_NAME", "smoke-base")]
-    for env, flag in VLLM_FLAGS.items():
-        if environ.get(env):
-            args += [flag, environ[env]]
-    if environ.get("ENGINE_ENFORCE_EAGER", "").lower() == "true":
-        args.append("--enforce-eager")
-    if environ.get("ENGINE_ENABLE_LORA", "").lower() == "true":
-        args += ["--enable-lora", "--lora-modules", f"smoke={model}/adapters/smoke"]
+    """vLLM's own server with exactly the engine arguments the gateway gives vLLM for these
+    GATEWAY_*/ENGINE_* settings (``gateway.engines.vllm.engine_arguments``: one per row of the
+    engine-argument table), as its command-line flags, one a line; booleans as ``--x`` /
+    ``--no-x`` (vLLM's BooleanOptionalAction)."""
+    from gateway.engines.vllm import engine_arguments
+    from gateway.settings import load_settings
+
+    settings = load_settings(environ)
+    arguments = engine_arguments(settings)
+    args: list[str] = []
+    for field, value in arguments.items():
+        if field in SERVER_SKIPS:
+            continue
+        flag = field.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            args += [f"--{flag}", str(value)]
+    if arguments.get("enable_lora"):
+        args += ["--lora-modules", *(f"{adapter.name}={settings.gateway.adapters_dir}/"
+                                     f"{adapter.directory}"
+                                     for adapter in settings.gateway.adapters)]
     return args
 
 
@@ -179,20 +185,13 @@ def main(argv: Sequence[str]) -> int:
 
 def write_profile(profile_path: Path, table_path: Path) -> int:
     """Merge a decode_bench profile (its JSON) into a decode-speed table, replacing the profile
-    of the same key; the result is checked as the capacity model reads it before it is
-    written."""
-    from capacity_model.decode_speed import parse_decode_table
+    of the same key, both read and checked as the capacity model reads them."""
+    from capacity_model.decode_speed import parse_decode_table, parse_profile
 
-    profile = json.loads(profile_path.read_text(encoding="utf-8"))
-    document = json.loads(table_path.read_text(encoding="utf-8"))
-    key = [profile[name] for name in KEY_FIELDS]
-    document["profiles"] = [*(item for item in document["profiles"]
-                              if [item.get(name) for name in KEY_FIELDS] != key), profile]
-    table = parse_decode_table(json.dumps(document), source=str(profile_path))
-    table_path.write_text(table.to_json(), encoding="utf-8")
-    print(f"[gpu-smoke] wrote the profile of {' | '.join(key)} to {table_path}", file=sys.stderr)
+    profile = parse_profile(json.loads(profile_path.read_text(encoding="utf-8")),
+                            source=str(profile_path))
+    table = parse_decode_table(table_path.read_text(encoding="utf-8"), source=str(table_path))
+    table_path.write_text(table.with_profile(profile).to_json(), encoding="utf-8")
+    print(f"[gpu-smoke] wrote the profile of {' | '.join(profile.key)} to {table_path}",
+          file=sys.stderr)
     return 0
-
-
-KEY_FIELDS = ("gpu", "model", "quantization", "kv_cache_dtype")
-"""What a decode-speed profile is looked up by."""

@@ -34,13 +34,23 @@ def test_the_adapter_is_shaped_from_config_json(tmp_path: Path) -> None:
 
 
 def test_vllms_server_gets_the_gateways_engine_settings() -> None:
-    args = vllm_server_args({"GATEWAY_MODEL_DIR": "/m", "ENGINE_MAX_MODEL_LEN": "8192",
-                             "ENGINE_LOAD_FORMAT": "dummy", "ENGINE_ENFORCE_EAGER": "true",
-                             "ENGINE_ATTENTION_BACKEND": "TRITON_ATTN",
-                             "ENGINE_ENABLE_LORA": "true", "ENGINE_QUANTIZATION": ""})
-    assert args == ["/m", "--served-model-name", "smoke-base", "--max-model-len", "8192",
-                    "--load-format", "dummy", "--attention-backend", "TRITON_ATTN",
-                    "--enforce-eager", "--enable-lora", "--lora-modules",
+    """Exactly the engine arguments the gateway gives vLLM (its settings' defaults included:
+    block size, sequences, prefix caching), as vLLM's server flags."""
+    args = vllm_server_args({
+        "GATEWAY_MODEL_DIR": "/m", "GATEWAY_SERVED_MODEL_NAME": "smoke-base",
+        "GATEWAY_ADAPTERS": "smoke=smoke", "GATEWAY_ROUTING_TABLE": "recommendation=smoke",
+        "GATEWAY_LOCALE_ROUTES": "",
+        "ENGINE_MAX_MODEL_LEN": "8192", "ENGINE_LOAD_FORMAT": "dummy",
+        "ENGINE_ENFORCE_EAGER": "true", "ENGINE_ATTENTION_BACKEND": "TRITON_ATTN",
+        "ENGINE_ENABLE_LORA": "true", "ENGINE_MAX_LORAS": "1", "ENGINE_MAX_LORA_RANK": "8",
+        "ENGINE_ENABLE_PREFIX_CACHING": "false"})
+    assert args == ["--model", "/m", "--tokenizer", "/m", "--served-model-name", "smoke-base",
+                    "--max-model-len", "8192", "--block-size", "16", "--max-num-seqs", "128",
+                    "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.84",
+                    "--max-loras", "1", "--max-lora-rank", "8", "--enable-lora",
+                    "--tensor-parallel-size", "1", "--dtype", "auto", "--kv-cache-dtype", "auto",
+                    "--no-enable-prefix-caching", "--enforce-eager", "--load-format", "dummy",
+                    "--attention-backend", "TRITON_ATTN", "--lora-modules",
                     "smoke=/m/adapters/smoke"]
 
 
