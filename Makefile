@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup bootstrap synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup bootstrap synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-steps test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 # Each documented target: `target: prerequisites ## what it does`, then ` ## about N min` when it
 # takes more than a minute on the 2-core development machine; tools/make_help.py adds the
@@ -172,8 +172,21 @@ lint: setup ## ruff; the complexity gate (radon, no function above 20) and the l
 typecheck: setup ## mypy on the application code, the operator commands, the checks and the test support
 	$(VENV)/bin/mypy app.py stacks tools checks tests/support metrics_contract request_buckets context_window serving_contract prompts intents artifact_manifest gpu_budget capacity_model release_calendar lambdas neuron quantization containers/intent/intent_server containers/llm/gateway
 
-test: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck ## ruff, mypy and the whole test suite (real-engine tier included) ## about 28 min; the first run builds the four other venvs before, about 30 min more
-	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 $(PY) -m pytest
+# make test times itself (set-up included) and pytest prints its ten slowest tests; a test over
+# TEST_BUDGET_S without @pytest.mark.budget(reason=...) fails the run (tests/support/budget_guard.py).
+# pytest runs on PYTEST_WORKERS xdist workers, a module at a time; the real-engine tier stays together.
+PYTEST_WORKERS ?= 2
+TEST_BUDGET_S ?= 60
+test: ## ruff, mypy and the whole test suite (real-engine tier included) on two workers; prints its duration and the ten slowest tests ## about 11 min; a fresh clone's first run sets up the five environments before, about 3 min more
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory test-steps || status=$$?; \
+	elapsed=$$(( $$(date +%s) - start )); \
+	echo "make test: $$(( elapsed / 60 )) min $$(( elapsed % 60 )) s, set-up included (exit $$status)"; \
+	exit $$status
+
+test-steps: setup $(QUANT_VENV)/.installed $(VLLM_VENV)/.installed $(CHECKOV_VENV)/.installed $(SM_VENV)/.installed lint typecheck
+	MANGAASSIST_REQUIRE_QUANT_ENV=1 MANGAASSIST_REQUIRE_VLLM_ENV=1 MANGAASSIST_REQUIRE_CHECKOV=1 MANGAASSIST_REQUIRE_SAGEMAKER_ENV=1 \
+		$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --test-budget $(TEST_BUDGET_S)
 
 test-engine: setup $(VLLM_VENV)/.installed ## only the real-engine tier: the gateway on vLLM's CPU build ## about 10 min
 	MANGAASSIST_REQUIRE_VLLM_ENV=1 $(PY) -m pytest -m engine

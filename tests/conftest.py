@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support import budget_guard
+from tests.support.run_shared import exclusive, shared_tmp
+
 if TYPE_CHECKING:
     from capacity_model import LlmCapacity
     from stacks.settings import Environment
@@ -17,6 +20,16 @@ if TYPE_CHECKING:
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    budget_guard.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(budget_guard.BudgetGuard(config), "budget-guard")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(budget_guard.XdistScheduling(), "module-scheduling")
 
 
 @dataclass(frozen=True)
@@ -70,10 +83,15 @@ def prod_capacity(prod_environment: Environment) -> LlmCapacity:
 
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> SynthesizedApp:
-    """Synthesize dev and prod from the embedded default configuration, in process, once."""
+    """Synthesize dev and prod from the embedded default configuration, in process, once per
+    run: the first xdist worker to need it synthesizes, the other reads the same assembly."""
     from stacks.synth import synthesize
 
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    exit_code = synthesize(["dev", "prod"], outdir=str(outdir))
-    assert exit_code == 0, "the default configuration must synthesize (see stderr)"
+    root = shared_tmp(tmp_path_factory)
+    outdir = root / "cdk.out.shared"
+    with exclusive(root / "cdk.out.shared.lock"):
+        if not (outdir / ".complete").is_file():
+            exit_code = synthesize(["dev", "prod"], outdir=str(outdir))
+            assert exit_code == 0, "the default configuration must synthesize (see stderr)"
+            (outdir / ".complete").touch()
     return read_assembly(outdir)

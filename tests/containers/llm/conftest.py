@@ -16,6 +16,7 @@ from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from tests.containers.llm.harness import GatewayProcess, make_settings
 from tests.support.demo_model import write_model_dir
+from tests.support.run_shared import exclusive
 from tests.support.sim_engine import SimSettings, from_settings
 
 
@@ -85,14 +86,15 @@ def vllm_wheel() -> Path:
     """The exact vLLM wheel the image installs (``pip download --no-deps``, cached): read, never
     imported — it is a CUDA 13 build."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(WHEEL_CACHE.glob(f"vllm-{VLLM_VERSION}-*.whl"))
-    if not wheels:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps",
-             "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--quiet",
-             "-d", str(WHEEL_CACHE)],
-            check=True,
-        )
+    with exclusive(WHEEL_CACHE / ".download.lock"):  # one download, whichever worker asks first
         wheels = sorted(WHEEL_CACHE.glob(f"vllm-{VLLM_VERSION}-*.whl"))
+        if not wheels:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps",
+                 "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--quiet",
+                 "-d", str(WHEEL_CACHE)],
+                check=True,
+            )
+            wheels = sorted(WHEEL_CACHE.glob(f"vllm-{VLLM_VERSION}-*.whl"))
     assert wheels, f"pip download left no vllm {VLLM_VERSION} wheel in {WHEEL_CACHE}"
     return wheels[0]

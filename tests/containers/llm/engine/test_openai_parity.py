@@ -17,11 +17,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.containers.llm.engine.conftest import Servers
+from tests.containers.llm.engine.conftest import DEFAULT_ENGINE, Servers
 from tests.support.cpu_engine import EngineConfig, ServerProcess
 
 pytestmark = pytest.mark.engine
-ENGINE = EngineConfig()
+ENGINE = DEFAULT_ENGINE
 QUESTION = "Recommend a dark fantasy manga and say how many volumes it has."
 CARD_SCHEMA = {
     "type": "object",
@@ -34,12 +34,10 @@ CARD_SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def pair(servers: Servers) -> tuple[ServerProcess, ServerProcess]:
-    gateway = servers.gateway(ENGINE)
-    vllm = servers.vllm(ENGINE)
-    gateway.wait_healthy("/ping")
-    vllm.wait_healthy("/health")
-    return gateway, vllm
+def pair(engine_pair: tuple[ServerProcess, ServerProcess]) -> tuple[ServerProcess, ServerProcess]:
+    """The run's shared gateway and vLLM server on the default engine arguments
+    (conftest.engine_pair)."""
+    return engine_pair
 
 
 def chat(server: ServerProcess, **body: Any) -> dict[str, Any]:

@@ -11,40 +11,24 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_budget import compare_engine_report, kv_pool_tokens, load_model_spec
+from gpu_budget import compare_engine_report
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
-from tests.containers.llm.engine.conftest import ADAPTERS, Servers
-from tests.support.cpu_engine import RUNTIME_ENV, EngineConfig, Served, ServerProcess
+from tests.containers.llm.engine.conftest import ADAPTERS, DEFAULT_ENGINE, predicted_kv_tokens
+from tests.support.cpu_engine import Served, ServerProcess
 
 pytestmark = pytest.mark.engine
-ENGINE = EngineConfig()
-KV_POOL_BYTES = int(RUNTIME_ENV["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
-
-
-def predicted_kv_tokens(served: Served) -> int:
-    """What the GPU budget predicts for the explicit 1 GiB pool, from the model's config.json."""
-    spec = load_model_spec(served.model_dir / "config.json")
-    return kv_pool_tokens(spec, KV_POOL_BYTES, block_size=ENGINE.block_size)
+ENGINE = DEFAULT_ENGINE
 
 
 @pytest.fixture(scope="module")
-def pair(servers: Servers, served: Served) -> tuple[ServerProcess, ServerProcess]:
-    """The gateway and vLLM's server, both started before either is waited for."""
-    gateway = servers.gateway(ENGINE, GATEWAY_EXPECTED_KV_TOKENS=str(predicted_kv_tokens(served)))
-    vllm = servers.vllm(ENGINE)
-    gateway.wait_healthy("/ping")
-    vllm.wait_healthy("/health")
-    return gateway, vllm
+def gateway(engine_pair: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
+    """The run's shared gateway (conftest.engine_pair), started with the budget's KV prediction."""
+    return engine_pair[0]
 
 
 @pytest.fixture(scope="module")
-def gateway(pair: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
-    return pair[0]
-
-
-@pytest.fixture(scope="module")
-def vllm(pair: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
-    return pair[1]
+def vllm(engine_pair: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
+    return engine_pair[1]
 
 
 def conversation(turns: int, *, system: str = "You are MangaAssist, a manga shop assistant."
