@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quantization.calibration import SUPPORTED_LANGUAGES
-from quantization.resolution import RegressionInterval, regression_interval
+from quantization.resolution import RegressionInterval, regression_interval, smallest_step
 from quantization.scoring import ResponseScore
 
 RESPONSE_EXCERPT_CHARS = 240
@@ -288,6 +288,31 @@ def resolution_warnings(baseline: ModelScores, quantized: ModelScores,
     return warnings
 
 
+def resolution_lines(report: GateReport) -> list[str]:
+    """What this section's set can and cannot resolve, per dimension: its paired prompts, the
+    smallest regression one lost item registers as, and this run's 95 % interval."""
+    threshold = report.thresholds.max_regression
+    lines = []
+    for dimension in report.baseline.dimensions:
+        scored = [s for s in report.baseline.items if dimension in ("overall", s.language)]
+        base = report.baseline.score(dimension)
+        if not scored or base <= 0:
+            lines.append(f"{dimension}: baseline 0, nothing to resolve")
+            continue
+        items = statistics.median(len(s.found) + len(s.missing) for s in scored)
+        step = smallest_step(len(scored), max(1, round(items)), base)
+        interval = paired_interval(report.baseline, report.quantized, dimension)
+        spread = "" if interval is None else f", this run ± {interval.half_width * 100:.2f} %"
+        can = step <= threshold and (interval is None or interval.half_width <= threshold)
+        lines.append(
+            f"{dimension}: {len(scored)} prompts; one lost item (of {items:g}) on one prompt is "
+            f"{step * 100:.2f} %{spread}: "
+            + (f"resolves the {threshold * 100:g} % threshold" if can else
+               f"cannot resolve the {threshold * 100:g} % threshold, only a pass with no item "
+               "lost or a regression well beyond it (docs/design-decisions.md#gate-resolution)"))
+    return lines
+
+
 def _gib(num_bytes: int) -> str:
     if num_bytes >= 1024**3:
         return f"{num_bytes / 1024**3:.2f} GiB"
@@ -369,6 +394,7 @@ def report_to_dict(report: GateReport) -> dict[str, object]:
         }
     return {
         **section,
+        "resolution": resolution_lines(report),
         "baseline": _model_dict(report.baseline),
         "quantized": _model_dict(report.quantized),
         "warnings": list(report.warnings),
@@ -414,7 +440,9 @@ def _score_lines(report: GateReport, heading: str) -> list[str]:
     counts = report.quantized.items_by_language
     named = {"ja": "Japanese", "en": "English"}
     lines += ["", "Items: " + ", ".join(f"{count} {named.get(language, language)}"
-                                        for language, count in counts.items()) + "."]
+                                        for language, count in counts.items()) + ".", "",
+              "What this set can resolve:", ""]
+    lines.extend(f"- {line}" for line in resolution_lines(report))
     return lines
 
 

@@ -231,6 +231,14 @@ def test_every_section_says_what_its_set_resolves(
         "regression_overall", "regression_en"]
     markdown = render_candidate_markdown(report)
     assert "over 20 paired prompts): this set cannot resolve the 2 % threshold" in markdown
+    # Beside each verdict: what its set can and cannot resolve, per dimension.
+    assert markdown.count("What this set can resolve:") == 4
+    manga_lines = candidate_to_dict(report)["adapters"]["manga"]["resolution"]  # type: ignore[index]
+    assert manga_lines[0].startswith("overall: 20 prompts; one lost item (of 2) on one prompt "
+                                     "is 2.50 %, this run ± ")
+    assert manga_lines[0].endswith("cannot resolve the 2 % threshold, only a pass with no item "
+                                   "lost or a regression well beyond it "
+                                   "(docs/design-decisions.md#gate-resolution)")
 
 
 def _rows(path: Path, rows: list[dict[str, str]]) -> Path:

@@ -282,6 +282,7 @@ def test_a_passing_gate_uploads_the_model_and_exits_0(
         "ARTIFACT_KMS_KEY_ID": key,
         "AWQ_BACKEND": "llm-compressor",
         "AWQ_GROUP_SIZE": "128",
+        "GATE_ADAPTERS": "manga=manga_domain,support=general_support,manga-ja=jp_translation",
     }
     assert request["OutputDataConfig"]["S3OutputPath"] == (
         f"s3://{BUCKET}/quantization/runs/{run_id}/sagemaker")
