@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -138,9 +138,9 @@ def _under_test(tmp_path: Path, name: str, folder: str, catalog: TitleCatalog
                                  ADAPTER_EVAL_SETS[name], catalog)
 
 
-def _generator(base: Callable[[EvalItem], str],
-               by_adapter: dict[str, Callable[[EvalItem], str]],
-               items: Sequence[EvalItem]) -> PerConversationGenerator:
+def adapter_generator(base: Callable[[EvalItem], str],
+                      by_adapter: Mapping[str, Callable[[EvalItem], str]],
+                      items: Sequence[EvalItem]) -> PerConversationGenerator:
     prompts: dict[str, EvalItem] = {item.prompt: item for item in items}
 
     def answer(conversation: Sequence[ChatMessage]) -> str:
@@ -161,8 +161,8 @@ def _gate(tmp_path: Path, eval_items: list[EvalItem], catalog: TitleCatalog,
     good: dict[str, Callable[[EvalItem], str]] = {a.name: good_answer for a in adapters}
     return run_candidate_gate(
         eval_items, catalog, memory=SMALLER, adapters=adapters, progress=lambda _: None,
-        baseline=_generator(good_answer, good, items),
-        quantized=_generator(good_answer, {**good, **quantized}, items),
+        baseline=adapter_generator(good_answer, good, items),
+        quantized=adapter_generator(good_answer, {**good, **quantized}, items),
         base_eval_set="eval_set.jsonl")
 
 
