@@ -16,6 +16,12 @@ a manifest, and everything downstream checks against it:
 The manifest lists files by their path relative to the artifact root, in POSIX form. Files the
 manifest does not list are ignored here (preflight reports stray objects in S3).
 
+An LLM model's manifest also names its LoRA adapters (``adapters``: served name -> folder and
+:func:`adapter_checksum`): the quantization job's candidate names the adapters its quality gate
+evaluated, ``make promote`` carries them to the served prefix and ``make publish`` names the ones
+it publishes with a model. The LLM container refuses to serve an adapter its model's manifest does
+not name, or whose files differ from that checksum (:func:`check_named_adapters`).
+
 Pure module (standard library only), Python 3.10-compatible: the Inf1 serving image runs 3.10.
 """
 
@@ -24,8 +30,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -56,11 +62,25 @@ class FileDigest:
 
 
 @dataclass(frozen=True)
+class NamedAdapter:
+    """An adapter a model's manifest names: its folder under ``adapters/`` and its checksum."""
+
+    directory: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"directory": self.directory, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
 class ArtifactFiles:
-    """The contents of an artifact-manifest.json: relative path -> size and SHA-256."""
+    """The contents of an artifact-manifest.json: relative path -> size and SHA-256, and the
+    LoRA adapters named for the model (served name -> folder and checksum; none for others)."""
 
     files: Mapping[str, FileDigest]
     format_version: int = FORMAT_VERSION
+    adapters: Mapping[str, NamedAdapter] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -69,10 +89,13 @@ class ArtifactFiles:
 
     def to_json(self) -> str:
         """Stable, pretty JSON (sorted paths), newline-terminated."""
-        data = {
+        data: dict[str, Any] = {
             "format_version": self.format_version,
             "files": {path: self.files[path].to_dict() for path in sorted(self.files)},
         }
+        if self.adapters:
+            data["adapters"] = {name: self.adapters[name].to_dict()
+                                for name in sorted(self.adapters)}
         return json.dumps(data, indent=2) + "\n"
 
 
@@ -122,7 +145,56 @@ def artifact_files_from_json(text: str, *, source: str = MANIFEST_FILE) -> Artif
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise ManifestError(f"{where}.sha256: {digest!r} is not a lowercase hex SHA-256")
         files[path] = FileDigest(size=size, sha256=digest)
-    return ArtifactFiles(files=files)
+    return ArtifactFiles(files=files, adapters=_named_adapters(data.get("adapters"), source))
+
+
+def _named_adapters(raw: Any, source: str) -> dict[str, NamedAdapter]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source}: adapters: expected an object of adapter name -> "
+                            "directory and sha256")
+    adapters: dict[str, NamedAdapter] = {}
+    for name, entry in raw.items():
+        where = f"{source}: adapters[{name!r}]"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: expected an object with directory and sha256")
+        directory, digest = entry.get("directory"), entry.get("sha256")
+        if not isinstance(directory, str) or not directory or "/" in directory \
+                or directory in (".", ".."):
+            raise ManifestError(f"{where}.directory: {directory!r} is not accepted; a folder "
+                                "name under adapters/")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise ManifestError(f"{where}.sha256: {digest!r} is not a lowercase hex SHA-256")
+        adapters[name] = NamedAdapter(directory=directory, sha256=digest)
+    return adapters
+
+
+def adapter_checksum(file_digests: Mapping[str, str]) -> str:
+    """One adapter's checksum: the SHA-256 of one line per file, ``<path in the folder>``, a tab,
+    its SHA-256, in path order. The same from a directory (:func:`adapter_dir_checksum`) and from
+    a model manifest's ``adapters/<folder>/...`` entries (:func:`adapter_checksum_in`)."""
+    if not file_digests:
+        raise ValueError("adapter_checksum: an adapter without files")
+    lines = "".join(f"{path}\t{file_digests[path]}\n" for path in sorted(file_digests))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def adapter_dir_checksum(directory: Path) -> str:
+    """:func:`adapter_checksum` of every file in an adapter folder."""
+    names = list_artifact_files(directory)
+    if not names:
+        raise FileNotFoundError(f"{directory}: no files: not a LoRA adapter folder")
+    return adapter_checksum({name: sha256_file(directory / name) for name in names})
+
+
+def adapter_checksum_in(manifest: ArtifactFiles, folder: str, root: str = "adapters") -> str | None:
+    """:func:`adapter_checksum` of ``<root>/<folder>/`` as a model manifest lists it (None: the
+    manifest lists no file there)."""
+    prefix = f"{root}/{folder}/"
+    digests = {path[len(prefix):]: digest.sha256 for path, digest in manifest.files.items()
+               if path.startswith(prefix)}
+    return adapter_checksum(digests) if digests else None
 
 
 def list_artifact_files(root: Path) -> list[str]:
@@ -213,6 +285,47 @@ def check_model_dir(model_dir: Path | str) -> DirectoryCheck:
     return DirectoryCheck(files=len(manifest.files), total_bytes=manifest.total_bytes)
 
 
+def check_named_adapters(model_dir: Path | str, adapters_dir: Path | str,
+                         served: Sequence[tuple[str, str]]) -> int:
+    """Every served adapter (``(name, folder)``) is one the model's manifest names, with the same
+    folder and files; the count checked (0 without a manifest: local runs are not checked).
+
+    A model is served only with the adapters named for it: for a quantized model, the ones its
+    quality gate evaluated on it. :class:`ArtifactMismatch` (one line) names the first that is not.
+    """
+    manifest_path = Path(model_dir) / MANIFEST_FILE
+    if not served or not manifest_path.is_file():
+        return 0
+    try:
+        manifest = artifact_files_from_json(manifest_path.read_text(encoding="utf-8"),
+                                            source=str(manifest_path))
+    except ManifestError as error:
+        raise ArtifactMismatch(f"artifact check: {error}") from None
+    named = ", ".join(sorted(manifest.adapters)) or "none"
+    for name, folder in served:
+        entry = manifest.adapters.get(name)
+        if entry is None:
+            raise ArtifactMismatch(
+                f"adapter check: adapter {name!r} (GATEWAY_ADAPTERS) is not named in "
+                f"{MANIFEST_FILE} for this model (it names: {named}); a model is served only "
+                "with the adapters its quality gate evaluated on it: gate it (make quantize), "
+                "then make promote")
+        if entry.directory != folder:
+            raise ArtifactMismatch(
+                f"adapter check: adapter {name!r} is served from folder {folder!r}, but "
+                f"{MANIFEST_FILE} names folder {entry.directory!r} for it")
+        try:
+            actual = adapter_dir_checksum(Path(adapters_dir) / folder)
+        except (FileNotFoundError, ValueError) as error:
+            raise ArtifactMismatch(f"adapter check: adapter {name!r}: {error}") from None
+        if actual != entry.sha256:
+            raise ArtifactMismatch(
+                f"adapter check: adapter {name!r} in {Path(adapters_dir) / folder}: checksum "
+                f"{actual[:12]}… differs from the {entry.sha256[:12]}… {MANIFEST_FILE} names "
+                "(not the adapter this model was gated with)")
+    return len(served)
+
+
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_FILE",
@@ -221,8 +334,13 @@ __all__ = [
     "DirectoryCheck",
     "FileDigest",
     "ManifestError",
+    "NamedAdapter",
+    "adapter_checksum",
+    "adapter_checksum_in",
+    "adapter_dir_checksum",
     "artifact_files_from_json",
     "check_model_dir",
+    "check_named_adapters",
     "checked_relative_path",
     "describe_files",
     "find_mismatch",

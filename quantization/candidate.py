@@ -9,17 +9,30 @@ passes, uploads every listed file with its SHA-256 in the object's metadata (``s
 manifest last, so its presence means every file it lists is there. The candidate lives at
 ``<quantization.candidates_prefix>/<run id>/``; nothing serves it from there.
 
+The manifest also names the LoRA adapters the gate evaluated on this model (``adapters``: name ->
+folder and checksum, from ``quality_gate.json``): ``make promote`` copies only those adapters
+with it, and the serving container refuses any other (artifact_manifest.check_named_adapters).
+
 Pure module: standard library and ``artifact_manifest``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from artifact_manifest import MANIFEST_FILE, ArtifactFiles, describe_files, list_artifact_files
+from artifact_manifest import (
+    MANIFEST_FILE,
+    ArtifactFiles,
+    ManifestError,
+    NamedAdapter,
+    artifact_files_from_json,
+    describe_files,
+    list_artifact_files,
+)
 
 REQUIRED_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "tokenizer_config.json",
                                    "quality_gate.json")
@@ -38,7 +51,29 @@ def candidate_manifest(model_dir: Path) -> ArtifactFiles:
         raise CandidateError(f"{model_dir}: no {', '.join(missing)}: not a complete candidate")
     if not any(name.endswith(".safetensors") for name in names):
         raise CandidateError(f"{model_dir}: no *.safetensors weights: not a complete candidate")
-    return describe_files(model_dir, names)
+    files = describe_files(model_dir, names).files
+    return ArtifactFiles(files=files, adapters=gated_adapters(model_dir / "quality_gate.json"))
+
+
+def gated_adapters(report_path: Path) -> dict[str, NamedAdapter]:
+    """The adapters ``quality_gate.json`` gated (name -> folder and checksum); the job writes a
+    candidate only once the gate passed, and make promote checks the verdict again."""
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise CandidateError(f"{report_path}: not valid JSON ({error})") from None
+    if not isinstance(report, dict):
+        raise CandidateError(f"{report_path}: expected a JSON object")
+    sections = report.get("adapters", {})
+    if not isinstance(sections, dict):
+        raise CandidateError(f"{report_path}: adapters: expected an object of name -> section")
+    text = json.dumps({"format_version": 1, "files": {}, "adapters": {
+        name: {"directory": section.get("directory"), "sha256": section.get("sha256")}
+        for name, section in sections.items() if isinstance(section, dict)}})
+    try:
+        return dict(artifact_files_from_json(text, source=str(report_path)).adapters)
+    except ManifestError as error:
+        raise CandidateError(str(error)) from None
 
 
 def write_manifest(model_dir: Path) -> ArtifactFiles:

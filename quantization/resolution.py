@@ -1,6 +1,9 @@
 """What an evaluation set of n prompts can resolve against the gate's 2 % regression threshold.
 
-    python -m quantization.resolution [--eval-set quantization/data/eval_set.jsonl]
+    python -m quantization.resolution [--eval-set FILE.jsonl ...]
+
+Without ``--eval-set``: the base model's set and each adapter's (quantization/adapters.py), each
+with what its verdict can resolve.
 
 The gate compares the quantized model's mean answer score with the baseline's on the same
 prompts: the regression is ``mean(baseline − quantized) / mean(baseline)``. Two limits bound what
@@ -126,27 +129,66 @@ def table(sizes: Sequence[int] = SETS, spreads: Sequence[float] = SPREADS,
     return header + rows
 
 
-def required_item_counts(eval_set: Path) -> list[int]:
-    """Required items per prompt of an evaluation set (titles and terms)."""
+def required_item_counts(eval_set: Path, language: str | None = None) -> list[int]:
+    """Required items per prompt of an evaluation set (titles and terms), of one language or
+    all."""
     counts = []
     for line in eval_set.read_text(encoding="utf-8").splitlines():
         if line.strip():
             item = json.loads(line)
-            counts.append(len(item.get("required_titles", [])) +
-                          len(item.get("required_terms", [])))
+            if language is None or item.get("language") == language:
+                counts.append(len(item.get("required_titles", [])) +
+                              len(item.get("required_terms", [])))
     return counts
 
 
+SET_SPREAD = 0.75
+"""The sd(d) the per-set table assumes (the middle of SPREADS)."""
+
+
+def set_row(name: str, eval_set: Path, max_regression: float = 0.02,
+            baseline_score: float = BASELINE_SCORE) -> str:
+    """One set's row: its prompts per language, one lost item's step and the 95 % interval
+    (sd 0.75) for the set and each language, and whether the threshold is within reach."""
+    cells = []
+    resolvable = True
+    for language in (None, "ja", "en"):
+        counts = required_item_counts(eval_set, language)
+        if not counts:
+            continue
+        n = len(counts)
+        step = smallest_step(n, max(1, round(statistics.median(counts))), baseline_score)
+        width = half_width(n, SET_SPREAD, baseline_score) if n > 1 else float("inf")
+        resolvable = resolvable and step <= max_regression and width <= max_regression
+        cells.append(f"{language or 'all'} {n}: {step * 100:.2f} % / ± {width * 100:.1f} %")
+    verdict = ("resolves" if resolvable else "cannot resolve") + f" {max_regression * 100:g} %"
+    return f"| {eval_set.name} | {name} | {'; '.join(cells)} | {verdict} |"
+
+
+def set_table(sets: Sequence[tuple[str, Path]]) -> list[str]:
+    """What each set's verdict can resolve (the second table of the design decision)."""
+    return ["| set | gates | prompts: one lost item / ± 95 % (sd 0.75) | the 2 % threshold |",
+            "|---|---|---|---|", *(set_row(name, path) for name, path in sets)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from quantization.adapters import ADAPTER_EVAL_SETS, BASE_EVAL_SET
+
     parser = argparse.ArgumentParser(prog="python -m quantization.resolution",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--eval-set", type=Path,
-                        default=Path(__file__).parent / "data" / "eval_set.jsonl")
+    parser.add_argument("--eval-set", type=Path, action="append",
+                        help="a set to describe (repeatable; default: the base's and each "
+                        "adapter's)")
     args = parser.parse_args(argv)
-    counts = required_item_counts(args.eval_set)
-    print(f"{args.eval_set.name}: {len(counts)} prompts, {min(counts)}–{max(counts)} required "
-          f"items each (median {statistics.median(counts):g}); baseline {BASELINE_SCORE}/5")
+    sets = ([(path.stem, path) for path in args.eval_set] if args.eval_set else
+            [("base model", BASE_EVAL_SET),
+             *((f"adapter {name}", path) for name, path in ADAPTER_EVAL_SETS.items())])
+    for _, path in sets:
+        counts = required_item_counts(path)
+        print(f"{path.name}: {len(counts)} prompts, {min(counts)}–{max(counts)} required "
+              f"items each (median {statistics.median(counts):g}); baseline {BASELINE_SCORE}/5")
     print("\n".join(table()))
+    print("\n".join(set_table(sets)))
     return 0
 
 

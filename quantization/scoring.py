@@ -268,6 +268,8 @@ class EvalItem:
     prompt: str
     required_titles: tuple[Requirement, ...]
     required_terms: tuple[Requirement, ...]
+    intent: str | None = None
+    """The intent the prompt is (an adapter's set: the routing table's intents it serves)."""
 
     @property
     def requirement_count(self) -> int:
@@ -296,6 +298,13 @@ def _requirements(value: object, field: str, where: str) -> tuple[Requirement, .
     return tuple(requirements)
 
 
+def _intent(value: object, where: str) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    raise DatasetError(f"{where}: field 'intent' is {value!r}; accepted: an intent name of the "
+                       "routing table (llm.routing), e.g. 'order_tracking'")
+
+
 def parse_eval_set_lines(
     lines: Iterable[str], catalog: TitleCatalog, *, source: str = "<eval set>"
 ) -> list[EvalItem]:
@@ -318,6 +327,7 @@ def parse_eval_set_lines(
             prompt=prompt,
             required_titles=_requirements(obj.get("required_titles"), "required_titles", where),
             required_terms=_requirements(obj.get("required_terms"), "required_terms", where),
+            intent=_intent(obj.get("intent"), where),
         )
         if item.requirement_count == 0:
             raise DatasetError(f"{where}: needs at least one required title or term")

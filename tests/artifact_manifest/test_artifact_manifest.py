@@ -10,10 +10,15 @@ import pytest
 
 from artifact_manifest import (
     MANIFEST_FILE,
+    ArtifactFiles,
     ArtifactMismatch,
     ManifestError,
+    NamedAdapter,
+    adapter_checksum_in,
+    adapter_dir_checksum,
     artifact_files_from_json,
     check_model_dir,
+    check_named_adapters,
     describe_files,
     find_mismatch,
     list_artifact_files,
@@ -109,3 +114,41 @@ def test_a_broken_manifest_in_the_model_dir_is_one_line(artifact: Path) -> None:
     (artifact / MANIFEST_FILE).write_text("{")
     with pytest.raises(ArtifactMismatch, match=r"^artifact check: .*not valid JSON"):
         check_model_dir(artifact)
+
+
+def test_a_model_manifest_names_its_adapters_by_checksum(artifact: Path) -> None:
+    """The checksum is the same from the folder and from the model manifest's entries."""
+    files = describe_files(artifact, list_artifact_files(artifact))
+    checksum = adapter_dir_checksum(artifact / "adapters" / "manga")
+    assert adapter_checksum_in(files, "manga") == checksum
+    assert adapter_checksum_in(files, "support") is None
+    named = ArtifactFiles(files=files.files, adapters={"manga": NamedAdapter("manga", checksum)})
+    assert artifact_files_from_json(named.to_json()) == named
+    # A manifest naming no adapter keeps its old form.
+    assert "adapters" not in json.loads(files.to_json())
+    (artifact / MANIFEST_FILE).write_text(named.to_json())
+    assert check_named_adapters(artifact, artifact / "adapters", [("manga", "manga")]) == 1
+    (artifact / "adapters" / "manga" / "adapter_config.json").write_text('{"r": 65}')
+    with pytest.raises(ArtifactMismatch, match=r"^adapter check: adapter 'manga' in .*: checksum "):
+        check_named_adapters(artifact, artifact / "adapters", [("manga", "manga")])
+    with pytest.raises(ArtifactMismatch, match=r"is served from folder 'other', but "
+                                               r"artifact-manifest\.json names folder 'manga'"):
+        check_named_adapters(artifact, artifact / "adapters", [("manga", "other")])
+
+
+def test_without_a_manifest_no_adapter_is_checked(artifact: Path) -> None:
+    assert check_named_adapters(artifact, artifact / "adapters", [("manga", "manga")]) == 0
+
+
+@pytest.mark.parametrize(("adapters", "message"), [
+    ([], "adapters: expected an object of adapter name -> directory and sha256"),
+    ({"manga": {"directory": "../x", "sha256": "0" * 64}},
+     "adapters['manga'].directory: '../x' is not accepted; a folder name under adapters/"),
+    ({"manga": {"directory": "manga", "sha256": "abc"}},
+     "adapters['manga'].sha256: 'abc' is not a lowercase hex SHA-256"),
+])
+def test_malformed_adapter_entries_name_the_field(adapters: object, message: str) -> None:
+    text = json.dumps({"format_version": 1, "files": {}, "adapters": adapters})
+    with pytest.raises(ManifestError) as info:
+        artifact_files_from_json(text, source="m.json")
+    assert str(info.value) == f"m.json: {message}"

@@ -271,7 +271,7 @@ def test_cli_exit_codes_for_failure_and_bad_input(
 
 def test_recorded_responses_refuse_missing_answers(eval_items: list[EvalItem]) -> None:
     with pytest.raises(ValueError, match="no answer for item"):
-        RecordedResponses({"ev-ja-01": "x"}, eval_items)
+        RecordedResponses({("", "ev-ja-01"): "x"}, {"": eval_items})
 
 
 def test_generate_only_writes_answers_the_gate_can_score_later(

@@ -39,10 +39,21 @@ from moto.server import ThreadedMotoServer
 from artifact_manifest import MANIFEST_FILE, artifact_files_from_json
 from gpu_budget import instance_type as catalog_instance
 from quantization import job_outputs
+from quantization.adapters import ADAPTER_EVAL_SETS
 from quantization.candidate import write_manifest
-from quantization.gate import render_markdown, report_to_dict
+from quantization.evaluate import AdapterUnderTest, run_candidate_gate
+from quantization.gate import (
+    CandidateReport,
+    GateReport,
+    candidate_to_dict,
+    render_candidate_markdown,
+    render_markdown,
+    report_to_dict,
+)
 from quantization.scoring import EvalItem, TitleCatalog
-from tests.quantization.test_gate import gate, good_answer
+from stacks.settings import load_settings
+from tests.quantization.test_adapter_gate import adapter_generator
+from tests.quantization.test_gate import SMALLER, gate, good_answer
 from tests.support.artifacts import write_adapters, write_model_dir
 from tests.support.aws import FAKE_CREDENTIALS
 from tests.support.network import free_port
@@ -244,9 +255,28 @@ def s3_keys(job: SimulatedQuantizeJob, prefix: str) -> set[str]:
     return {item["Key"] for item in listing.get("Contents", [])}
 
 
-def use_gate(job: SimulatedQuantizeJob, report: Any) -> None:
-    job.gate_report = report_to_dict(report)
-    job.gate_markdown = render_markdown(report)
+def use_gate(job: SimulatedQuantizeJob, report: GateReport | CandidateReport) -> None:
+    if isinstance(report, CandidateReport):
+        job.gate_report = candidate_to_dict(report)
+        job.gate_markdown = render_candidate_markdown(report)
+    else:
+        job.gate_report = report_to_dict(report)
+        job.gate_markdown = render_markdown(report)
+
+
+def gate_with_adapters(eval_items: list[EvalItem], catalog: TitleCatalog,
+                       adapters_dir: Path) -> CandidateReport:
+    """A passing gate of the base and each adapter prod serves (the files make publish served,
+    by checksum), as the job's report says."""
+    adapters = [AdapterUnderTest.load(adapter.name, adapters_dir / adapter.folder,
+                                      ADAPTER_EVAL_SETS[adapter.name], catalog)
+                for adapter in load_settings("prod").llm.adapters]
+    items = [*eval_items, *(item for adapter in adapters for item in adapter.items)]
+    good = {adapter.name: good_answer for adapter in adapters}
+    return run_candidate_gate(eval_items, catalog, memory=SMALLER, adapters=adapters,
+                              baseline=adapter_generator(good_answer, good, items),
+                              quantized=adapter_generator(good_answer, good, items),
+                              progress=lambda _: None)
 
 
 def test_a_passing_gate_uploads_the_model_and_exits_0(
@@ -282,6 +312,7 @@ def test_a_passing_gate_uploads_the_model_and_exits_0(
         "ARTIFACT_KMS_KEY_ID": key,
         "AWQ_BACKEND": "llm-compressor",
         "AWQ_GROUP_SIZE": "128",
+        "GATE_ADAPTERS": "manga=manga_domain,support=general_support,manga-ja=jp_translation",
     }
     assert request["OutputDataConfig"]["S3OutputPath"] == (
         f"s3://{BUCKET}/quantization/runs/{run_id}/sagemaker")
@@ -359,8 +390,10 @@ def test_a_passing_run_is_promoted_to_a_new_prefix_the_preflight_accepts(
     tmp_path: Path,
 ) -> None:
     """make quantize (ml.g5.4xlarge), then make promote, on the moto server: the candidate and
-    the served adapters under one manifest at the new llm.model.artifact_prefix."""
-    use_gate(aws, gate(eval_items, catalog, good_answer))
+    the served adapters under one manifest at the new llm.model.artifact_prefix, which names the
+    adapters the run gated."""
+    # The adapters make publish served (_provision), gated with the base.
+    use_gate(aws, gate_with_adapters(eval_items, catalog, write_adapters(tmp_path / "lora")))
     sagemaker_python()  # make quantize runs in .venv-sagemaker
     quantized = make_on_server(aws, "quantize", "ENV=prod", f"BASE_MODEL={BASE_PREFIX}",
                                "QUANTIZE_FLAGS=--poll-s 0")
@@ -384,6 +417,7 @@ def test_a_passing_run_is_promoted_to_a_new_prefix_the_preflight_accepts(
         Bucket=BUCKET, Key=f"{NEW_PREFIX}/{MANIFEST_FILE}")["Body"].read().decode())
     assert {"config.json", "model.safetensors", "quality_gate.json",
             "adapters/manga_domain/adapter_config.json"} <= set(manifest.files)
+    assert sorted(manifest.adapters) == ["manga", "manga-ja", "support"]
     assert s3_keys(aws, NEW_PREFIX) == {f"{NEW_PREFIX}/{name}" for name in manifest.files} | {
         f"{NEW_PREFIX}/{MANIFEST_FILE}"}
     # Promoting again over the prefix that serves is refused (the config unchanged).

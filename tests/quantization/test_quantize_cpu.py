@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from quantization.checkpoint import (
     read_quantization_format,
     read_safetensors_header,
 )
+from tests.support.quantize_job import run_job as _run_job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -190,40 +190,6 @@ def test_bad_input_is_one_line_and_exit_2(
     )
 
 
-def _run_job(
-    quant_python: Path, tiny_model_dir: Path, tmp_path: Path, **env: str
-) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run containers/quantize/quantize-job with the quantization env's python and a fake aws."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    # A wrapper, not a symlink: a venv's interpreter finds its pyvenv.cfg by the path it is run as.
-    wrapper = bin_dir / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec {quant_python} "$@"\n')
-    wrapper.chmod(0o755)
-    aws_log = tmp_path / "aws-calls.txt"
-    fake_aws = bin_dir / "aws"
-    fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {aws_log}\n')
-    fake_aws.chmod(0o755)
-    result = subprocess.run(
-        [str(REPO_ROOT / "containers/quantize/quantize-job"), "train",
-         "--num-samples", "4", "--max-seq-len", "128"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
-        env={
-            **os.environ,
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "MODEL_DIR": str(tiny_model_dir),
-            "QUANTIZED_DIR": str(tmp_path / "quantized"),
-            "REPORT_DIR": str(tmp_path / "gate"),
-            "FAILURE_FILE": str(tmp_path / "failure"),
-            "EVAL_MAX_NEW_TOKENS": "6",
-            "ARTIFACT_S3_URI": "s3://artifacts-bucket/quantization/models/job-1/",
-            "REPORT_S3_URI": "s3://artifacts-bucket/quantization/runs/job-1/",
-            **env,
-        },
-    )  # fmt: skip
-    return result, aws_log
-
-
 REPORT_UPLOAD = ["s3", "cp", "{gate}/", "s3://artifacts-bucket/quantization/runs/job-1/",
                  "--recursive", "--exclude", "*", "--include", "quality_gate.json",
                  "--include", "quality_gate.md", "--only-show-errors"]
@@ -249,17 +215,14 @@ def test_job_fails_on_the_gate_says_why_and_uploads_only_the_reports(
 
 
 def test_job_uploads_a_passing_checkpoint_as_a_candidate_with_its_manifest(
-    quant_python: Path, tiny_model_dir: Path, tmp_path: Path
+    passing_job: tuple[subprocess.CompletedProcess[str], Path, Path],
 ) -> None:
     """A passing run uploads a candidate to its own prefix (ARTIFACT_S3_URI, the launcher's
     <candidates_prefix>/<run id>/), never the served one: every file with its SHA-256 in its
-    metadata, then artifact-manifest.json, which lists each of them."""
-    # Thresholds a random tiny model can meet, to exercise the pass path end to end.
-    result, aws_log = _run_job(
-        quant_python, tiny_model_dir, tmp_path,
-        GATE_MIN_SCORE="0", GATE_MAX_REGRESSION="0.99", GATE_MIN_MEMORY_REDUCTION="0.5",
-        ARTIFACT_KMS_KEY_ID="alias/artifacts",
-    )  # fmt: skip
+    metadata, then artifact-manifest.json, which lists each of them. The run: the taught tiny
+    model and its two adapters (tests/quantization/conftest.py), which meet the default score
+    and regression thresholds (tests/quantization/test_adapter_gate_cpu.py)."""
+    result, aws_log, tmp_path = passing_job
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     sse = ["--sse", "aws:kms", "--sse-kms-key-id", "alias/artifacts"]
     calls = [line.split() for line in aws_log.read_text().splitlines()]

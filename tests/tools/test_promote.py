@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from artifact_manifest import MANIFEST_FILE, artifact_files_from_json
+from artifact_manifest import MANIFEST_FILE, adapter_dir_checksum, artifact_files_from_json
 from quantization import job_outputs
 from quantization.candidate import write_manifest
 from stacks.artifact_layout import artifact_layout
@@ -43,7 +44,18 @@ SERVED = "models/llama-3-8b-instruct-awq"
 NEW = "models/llama-3-8b-instruct-awq-20261124"
 CANDIDATE = f"quantization/models/{RUN}"
 REPORT_KEY = f"quantization/runs/{RUN}/quality_gate.json"
-PASSED = json.dumps({"passed": True, "failed_checks": [], "checks": []})
+
+
+def passed_report(*, without: str | None = None) -> str:
+    """A passing gate report with a passing section for each of dev's adapters (as
+    write_adapters writes them, which make publish serves), but ``without``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        adapters = write_adapters(Path(scratch))
+        sections = {adapter.name: {"directory": adapter.folder, "passed": True,
+                                   "failed_checks": [],
+                                   "sha256": adapter_dir_checksum(adapters / adapter.folder)}
+                    for adapter in load_settings("dev").llm.adapters if adapter.name != without}
+    return json.dumps({"passed": True, "failed_checks": [], "checks": [], "adapters": sections})
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +75,10 @@ def config_dir(tmp_path: Path, artifact_prefix: str) -> Path:
 
 
 def upload_candidate(aws: AwsEnvironment, directory: Path, prefix: str, *,
-                     report: str = PASSED) -> None:
+                     report: str | None = None) -> None:
     """What the job does once its gate passed: the reports, each file with its SHA-256, the
-    manifest last."""
+    manifest last (naming the adapters the report gated)."""
+    report = passed_report() if report is None else report
     s3 = aws.session.client("s3")
     kms = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": aws.key_arn}
     (directory / "quality_gate.json").write_text(report)
@@ -150,6 +163,10 @@ def test_a_passing_run_is_promoted_to_a_new_prefix_and_passes_the_preflight(
     assert {p.split("/")[1] for p in adapters} == {"manga_domain", "general_support",
                                                    "jp_translation"}
     assert {p: d for p, d in manifest.files.items() if p not in adapters} == candidate.files
+    # The served model's manifest names the adapters the run gated: the container serves no
+    # other with it (artifact_manifest.check_named_adapters).
+    assert manifest.adapters == candidate.adapters
+    assert sorted(manifest.adapters) == ["manga", "manga-ja", "support"]
     assert account.keys(NEW) == {f"{NEW}/{p}" for p in manifest.files} | {f"{NEW}/{MANIFEST_FILE}"}
     head = s3.head_object(Bucket=account.aws.bucket, Key=f"{NEW}/model.safetensors")
     assert head["ContentLength"] == 3000 and head["ServerSideEncryption"] == "aws:kms"
@@ -185,6 +202,33 @@ def test_a_failed_gate_is_never_promoted(account: Account) -> None:
     assert (f"promote: refused: s3://{account.aws.bucket}/{REPORT_KEY}: the quality gate FAILED "
             "(score_ja): a failed run is never promoted") in lines
     assert account.keys(NEW) == set()
+
+
+def test_a_report_without_a_served_adapter_is_refused(account: Account) -> None:
+    upload_candidate(account.aws, account.candidate_dir, CANDIDATE,
+                     report=passed_report(without="manga-ja"))
+    code, lines = account.promote()
+    assert code == 2
+    assert (f"promote: refused: s3://{account.aws.bucket}/{REPORT_KEY}: no section for adapter "
+            "'manga-ja' (llm.adapters): the run's gate did not evaluate it on this quantized "
+            "model (it gated: manga, support); re-run make quantize ENV=dev with the served "
+            "adapters") in lines
+    assert ("promote: refused: the candidate's artifact-manifest.json names no adapter "
+            "'manga-ja' in folder 'jp_translation': the run was not gated with it") in lines
+    assert account.keys(NEW) == set()
+
+
+def test_an_adapter_other_than_the_gated_one_is_refused(account: Account) -> None:
+    """The served prefix holds an adapter the run was not gated with (published since)."""
+    report = json.loads(passed_report())
+    report["adapters"]["support"]["sha256"] = "0" * 64
+    upload_candidate(account.aws, account.candidate_dir, CANDIDATE, report=json.dumps(report))
+    code, lines = account.promote()
+    assert code == 2
+    assert (f"promote: refused: s3://{account.aws.bucket}/{SERVED}/adapters/general_support/: "
+            "checksum ") in lines[0]
+    assert lines[0].endswith("is not the 000000000000… adapter 'support' was gated with: "
+                             "publish the gated one, or re-run make quantize with this one")
 
 
 def test_a_candidate_that_differs_from_its_manifest_is_refused(account: Account) -> None:

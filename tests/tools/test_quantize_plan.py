@@ -47,6 +47,9 @@ def test_the_plan_writes_only_where_the_role_may_and_follows_the_served_format()
     assert (plan.volume_kms_key_arn, plan.volume_size_gb) == (None, None)
     assert plan.report_uri == "s3://bucket/quantization/runs/awq-1/"
     assert plan.environment["AWQ_BACKEND"] == "llm-compressor"
+    # The job gates every adapter prod serves, from <base model>/adapters/<folder>/.
+    assert plan.environment["GATE_ADAPTERS"] == (
+        "manga=manga_domain,support=general_support,manga-ja=jp_translation")
     g64 = settings.model_copy(update={"llm": settings.llm.model_copy(update={
         "model": settings.llm.model.model_copy(update={"quantization": "awq-g64"})})})
     plan64 = plan_job(g64, outputs, base_model_prefix="base-models/llama", run_id="awq-1")

@@ -11,6 +11,10 @@ endpoint serves now, under one new manifest. It refuses, one line per problem, w
   rollback): point ``llm.model.artifact_prefix`` at a new prefix, promote, then ``make deploy``;
 * the run's gate report (``<reports_prefix>/<run id>/quality_gate.json``) is missing or says
   FAILED, or the candidate's copy of it is not the same report;
+* the report has no passing section for an adapter ``llm.adapters`` serves, or the candidate's
+  manifest does not name it: every served adapter must have been gated on this quantized model;
+* an adapter in the prefix the adapters come from is not the one the run gated (its checksum
+  differs from the one the candidate's manifest names);
 * the candidate is incomplete or differs from its manifest (size, SHA-256, the project key);
 * its ``config.json`` is not the architecture the GPU budget planned or not the quantization
   ``llm.model.quantization`` names;
@@ -29,7 +33,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from artifact_manifest import MANIFEST_FILE, ArtifactFiles, FileDigest, ManifestError
+from artifact_manifest import (
+    MANIFEST_FILE,
+    ArtifactFiles,
+    FileDigest,
+    ManifestError,
+    NamedAdapter,
+    adapter_checksum_in,
+)
 from stacks.artifact_layout import ADAPTERS_DIR, ModelArtifact
 from stacks.settings import EnvironmentSettings
 from tools.preflight.checks import ArtifactListing, ObjectHead, artifact_problems
@@ -136,6 +147,58 @@ def gate_problems(inputs: PromotionInputs, bucket: str, reports_key: str,
     return []
 
 
+def report_adapter_problems(inputs: PromotionInputs, settings: EnvironmentSettings,
+                            where: str) -> list[str]:
+    """Every adapter the configuration serves has a passing section in the run's report."""
+    try:
+        report = json.loads(inputs.gate_report or "{}")
+    except ValueError:
+        return []  # gate_problems reports an unreadable report
+    sections = report.get("adapters") if isinstance(report, dict) else None
+    sections = sections if isinstance(sections, dict) else {}
+    problems = []
+    for adapter in settings.llm.adapters:
+        section = sections.get(adapter.name)
+        if not isinstance(section, dict):
+            problems.append(
+                f"{where}: no section for adapter {adapter.name!r} (llm.adapters): the run's "
+                "gate did not evaluate it on this quantized model (it gated: "
+                f"{', '.join(sections) or 'no adapter'}); re-run make quantize "
+                f"ENV={settings.name} with the served adapters")
+        elif section.get("passed") is not True:
+            problems.append(f"{where}: adapter {adapter.name!r} FAILED its gate "
+                            f"({', '.join(section.get('failed_checks', [])) or 'see the report'})")
+    return problems
+
+
+def gated_adapter_problems(settings: EnvironmentSettings, candidate: ArtifactFiles,
+                           source: ArtifactListing, bucket: str
+                           ) -> tuple[dict[str, NamedAdapter], list[str]]:
+    """The served adapters as the candidate's manifest names them, each checked against the
+    adapter files promotion copies (same folder, same checksum)."""
+    root = f"s3://{bucket}/{source.artifact.read_prefix}/"
+    try:
+        source_manifest = _manifest(source)
+    except ManifestError as error:
+        return {}, [str(error)]
+    named: dict[str, NamedAdapter] = {}
+    problems: list[str] = []
+    for adapter in settings.llm.adapters:
+        gated = candidate.adapters.get(adapter.name)
+        if gated is None or gated.directory != adapter.folder:
+            problems.append(f"the candidate's {MANIFEST_FILE} names no adapter {adapter.name!r} "
+                            f"in folder {adapter.folder!r}: the run was not gated with it")
+            continue
+        copied = (None if source_manifest is None
+                  else adapter_checksum_in(source_manifest, adapter.folder, ADAPTERS_DIR))
+        if copied is not None and copied != gated.sha256:
+            problems.append(f"{root}{ADAPTERS_DIR}/{adapter.folder}/: checksum {copied[:12]}… "
+                            f"is not the {gated.sha256[:12]}… adapter {adapter.name!r} was gated "
+                            "with: publish the gated one, or re-run make quantize with this one")
+        named[adapter.name] = gated
+    return named, problems
+
+
 def config_problems(inputs: PromotionInputs, settings: EnvironmentSettings,
                     where: str) -> list[str]:
     """The candidate's config.json against the architecture and quantization configured."""
@@ -236,7 +299,8 @@ def plan_promotion(settings: EnvironmentSettings, inputs: PromotionInputs, *, bu
     problems += artifact_problems(inputs.candidate, bucket=bucket,
                                   project_key_arn=project_key_arn, environment=settings.name,
                                   fix=rerun)
-    problems += gate_problems(inputs, bucket, reports_key, candidate)
+    gate = gate_problems(inputs, bucket, reports_key, candidate)
+    problems += gate or report_adapter_problems(inputs, settings, f"s3://{bucket}/{reports_key}")
     problems += config_problems(inputs, settings, f"{candidate_root}config.json")
     adapters, adapter_problems = adapter_files(settings, inputs.adapters, bucket)
     problems += adapter_problems
@@ -244,7 +308,9 @@ def plan_promotion(settings: EnvironmentSettings, inputs: PromotionInputs, *, bu
         problems += artifact_problems(
             _only(inputs.adapters, adapters), bucket=bucket, project_key_arn=project_key_arn,
             environment=settings.name, check_stray=False)
-    planned = ArtifactFiles(files=_planned_files(candidate, adapters))
+    named, gated_problems = gated_adapter_problems(settings, candidate, inputs.adapters, bucket)
+    problems += gated_problems
+    planned = ArtifactFiles(files=_planned_files(candidate, adapters), adapters=named)
     target_issues, done = _existing_target_problems(inputs, planned, bucket)
     problems += target_issues
     if problems:

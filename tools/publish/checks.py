@@ -26,7 +26,7 @@ import json
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -35,6 +35,8 @@ from artifact_manifest import (
     ArtifactFiles,
     FileDigest,
     ManifestError,
+    NamedAdapter,
+    adapter_checksum_in,
     artifact_files_from_json,
     find_mismatch,
     list_artifact_files,
@@ -254,10 +256,19 @@ class ArtifactUpload:
 
     artifact: ModelArtifact
     files: tuple[LocalFile, ...]
+    adapter_folders: Mapping[str, str] = field(default_factory=dict)
+    """The LoRA adapters published with the model: served name -> folder under ``adapters/``
+    (the manifest names each with its checksum; the LLM container serves no other)."""
 
     @property
     def manifest(self) -> ArtifactFiles:
-        return ArtifactFiles(files={f.relative: FileDigest(f.size, f.sha256) for f in self.files})
+        files = ArtifactFiles(files={f.relative: FileDigest(f.size, f.sha256) for f in self.files})
+        named: dict[str, NamedAdapter] = {}
+        for name, folder in self.adapter_folders.items():
+            checksum = adapter_checksum_in(files, folder, ADAPTERS_DIR)
+            if checksum is not None:
+                named[name] = NamedAdapter(directory=folder, sha256=checksum)
+        return ArtifactFiles(files=files.files, adapters=named)
 
     @property
     def total_bytes(self) -> int:
@@ -280,7 +291,8 @@ def llm_upload(model_dir: Path, adapters_dir: Path, settings: LlmEndpointSetting
         folder = adapters_dir / adapter.folder
         relative = layout.llm_adapter_dirs[adapter.name]
         pairs += [(folder / name, f"{relative}/{name}") for name in list_artifact_files(folder)]
-    return ArtifactUpload(layout.llm, _describe(pairs, hasher))
+    return ArtifactUpload(layout.llm, _describe(pairs, hasher),
+                          {adapter.name: adapter.folder for adapter in settings.adapters})
 
 
 def intent_upload(archive: Path, layout: ArtifactLayout, *,

@@ -204,6 +204,10 @@ def plan_job(
             "ARTIFACT_KMS_KEY_ID": outputs.kms_key_arn,
             "AWQ_BACKEND": backend,
             "AWQ_GROUP_SIZE": str(group),
+            # Every served adapter is gated on the quantized base; their folders travel in the
+            # model channel (<base model prefix>/adapters/<folder>/, what they were trained on).
+            "GATE_ADAPTERS": ",".join(f"{adapter.name}={adapter.folder}"
+                                      for adapter in settings.llm.adapters),
         },
         tags={"Project": "MangaAssist", "Environment": settings.name,
               "QuantizationRun": run_id},

@@ -29,7 +29,7 @@ from types import FrameType
 
 import uvicorn
 
-from artifact_manifest import check_model_dir
+from artifact_manifest import check_model_dir, check_named_adapters
 from gateway.app import GatewayRuntime, create_app
 from gateway.engines import EngineBuilder, UnknownEngine, engine_builder
 from gateway.engines.base import EngineConfigError
@@ -89,6 +89,13 @@ def load(args: argparse.Namespace, environ: Mapping[str, str],
     verified = check_model_dir(settings.gateway.model_dir)
     if verified.files:
         print(f"serve: {verified.describe()}", file=sys.stderr)
+    # Only the adapters named for this model (for a quantized one: gated on it) are served.
+    named = check_named_adapters(
+        settings.gateway.model_dir, settings.gateway.adapters_dir,
+        [(adapter.name, adapter.directory) for adapter in settings.gateway.adapters])
+    if named:
+        print(f"serve: {named} adapter(s) named for this model in its manifest, checksums match",
+              file=sys.stderr)
     engine_name = args.engine or settings.gateway.engine
     builder = engine_builder(engine_name, engines)
     # Construction is cheap by contract and checks what no retry can fix (engine arguments,

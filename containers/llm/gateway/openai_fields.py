@@ -7,8 +7,9 @@ Its accepted sampling fields reach vLLM through vLLM's own ``ChatCompletionReque
 ``to_sampling_params`` (:mod:`gateway.engines.vllm`), so their meaning is vLLM's. A refused field
 is named in a 400 with the reason below, never silently ignored. Why some are refused: the
 gateway renders and counts every prompt itself (the context budget must see exactly what the
-engine sees), orders requests itself (admission), and serves a text-only, quality-gated model
-whose callers — the MangaAssist orchestrator — call the shop's functions themselves.
+engine sees), orders requests itself (admission), and serves a text-only model, whose quality
+gate scores chat answers only, to callers — the MangaAssist orchestrator — that call the shop's
+functions themselves.
 
 Pure module.
 """
@@ -36,8 +37,9 @@ class FieldSupport:
 _RENDERED_HERE = ("the gateway renders and counts every prompt itself (the context budget must "
                   "see exactly the tokens the engine gets)")
 _TOOLS = ("tool calls are not served: the MangaAssist orchestrator calls the shop's functions "
-          "itself and passes their results as messages or mangaassist.rag_context, and the AWQ "
-          "model and its LoRA adapters were quality-gated on chat answers, not on tool calls")
+          "itself and passes their results as messages or mangaassist.rag_context, and the "
+          "quantization gate scores chat answers (the AWQ base's, and each adapter's on the AWQ "
+          "base), never a tool call")
 _TEXT_ONLY = "the served model reads and writes text only"
 _PLATFORM = "an OpenAI platform feature with no counterpart on a self-hosted engine"
 _ENGINE_INTERNAL = "an engine-side control the gateway does not expose to callers"
@@ -99,8 +101,8 @@ FIELDS: tuple[FieldSupport, ...] = (
     FieldSupport("reasoning_effort", "both", "refused",
                  "Llama-3-8B-Instruct is not a reasoning model"),
     FieldSupport("logit_bias", "both", "refused",
-                 "token-id biases are specific to one tokenizer; the adapters' behaviour is "
-                 "quality-gated without them"),
+                 "token-id biases are specific to one tokenizer; the quantization gate scores "
+                 "the base's and each adapter's answers without them"),
     # --- refused: the gateway owns the prompt -----------------------------------------------
     *(FieldSupport(name, "vLLM", "refused", _RENDERED_HERE) for name in (
         "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens",

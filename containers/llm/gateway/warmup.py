@@ -79,7 +79,7 @@ def warmup_requests(settings: Settings, *, served_names: Sequence[str],
     for model in served_names:
         for shape, (turns, max_tokens) in shapes.items():
             # The production system prompt: its KV blocks stay in the prefix cache, and it is the
-            # prompt the AWQ model was calibrated and quality-gated on.
+            # prompt the AWQ model was calibrated on and its quality gate sends.
             messages = [{"role": "system", "content": system_prompt}]
             for index in range(turns):
                 role = "user" if (turns - 1 - index) % 2 == 0 else "assistant"
