@@ -343,13 +343,16 @@ class LlmEndpointSettings(StrictModel):
         path = self.capacity.decode_speed_file
         return parse_decode_table((REPO_ROOT / path).read_text(encoding="utf-8"), source=path)
 
-    def capacity_plan(self, memory_plan: MemoryPlan | None = None) -> LlmCapacity:
+    def capacity_plan(self, memory_plan: MemoryPlan | None = None, *,
+                      what_if: dict[str, float] | None = None) -> LlmCapacity:
         """The capacity model's plan for these settings: per-instance capacity and caps, the
         fleet's targets and daily limits, the long-conversation options. ``memory_plan``: the
         GPU budget's plan of these settings when already made (default: :meth:`memory_plan`).
 
         The stacks never call it: they get the plan computed once when the settings load
-        (:class:`stacks.settings.plans.EnvironmentPlans`); tools and tests do."""
+        (:class:`stacks.settings.plans.EnvironmentPlans`); tools and tests do. ``what_if``
+        sets :class:`capacity_model.ReuseInputs` fields (``lora_step_factor``,
+        ``decode_compute_efficiency``) for the plan's range report."""
         if memory_plan is None:
             memory_plan = self.memory_plan()
         window = ContextWindow(**self.context_window.model_dump())
@@ -378,7 +381,10 @@ class LlmEndpointSettings(StrictModel):
             reuse=ReuseInputs(sessions=self.capacity.sessions,
                               think_time_s=conversation.think_time_s,
                               scenario=self.capacity.rates.scenario,
-                              prefill_factor=self.capacity.rates.prefill_factor),
+                              prefill_factor=self.capacity.rates.prefill_factor,
+                              lora_step_factor=(what_if or {}).get("lora_step_factor"),
+                              decode_compute_efficiency=(what_if or {}).get(
+                                  "decode_compute_efficiency")),
         )
 
     def memory_plan(self, *, kv_cache_dtype: str | None = None,
