@@ -30,7 +30,7 @@ def _offer() -> dict[str, object]:
 def test_hosting_prices_take_the_hosting_sku_only() -> None:
     assert hosting_prices(_offer(), ["ml.g5.xlarge", "ml.g6e.xlarge"]) == {
         "ml.g5.xlarge": 1.9, "ml.g6e.xlarge": 3.4}
-    with pytest.raises(SnapshotError, match="ml.inf1.xlarge"):
+    with pytest.raises(SnapshotError, match=r"ml\.inf1\.xlarge"):
         hosting_prices(_offer(), ["ml.inf1.xlarge"])
 
 
