@@ -127,6 +127,7 @@ prices: setup ## refresh config/prices.json (the dated Tokyo SageMaker hosting p
 capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces ## about 5 min
 	$(PY) -m tools.capacity plan --env $(ENV)
 	$(PY) -m tools.capacity pools --env $(ENV)
+	$(PY) -m tools.capacity routing --env $(ENV)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 	stage=$$($(STAGE_OF_ENV)); $(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-$$stage/$${stage}Serving*.template.json) --spike-env $(ENV) --plot-dir docs/img
 

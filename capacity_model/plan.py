@@ -206,6 +206,8 @@ class LlmCapacity:
     (:mod:`capacity_model.seeds`)."""
     fleet_criteria: FleetCriteria | None = None
     """Seed 001's fleet criteria for the planned fleet."""
+    latency: LatencyModel | None = None
+    """The latency model the instance was sized with (at the solved reuse)."""
 
     def fleet_for(self, surge: Surge, *, provisioning_s: int | None = None) -> FleetPlan:
         """The fleet plan that absorbs ``surge`` unaided (its recommended headroom), with new
@@ -548,4 +550,5 @@ def llm_capacity(
         seed_readings=_seed_readings(sizing, state.history_reuse),
         fleet_criteria=fleet_criteria(fleet, profile, _latency(sizing, state.history_reuse),
                                       instance.request_seconds),
+        latency=_latency(sizing, state.history_reuse),
     )

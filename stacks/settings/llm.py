@@ -267,6 +267,12 @@ class LlmEndpointSettings(StrictModel):
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
     deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
+    routing_strategy: Literal["least_outstanding", "prefix_aware"] = Field(
+        "least_outstanding", description="How SageMaker routes requests to instances: "
+        "least_outstanding (LEAST_OUTSTANDING_REQUESTS, with capacity.sessions pinning "
+        "conversations) or prefix_aware (PREFIX_AWARE: PrefixLength from the system prompt and "
+        "the conversation's start, ConcurrencyThreshold the plan's in-flight cap; needs "
+        "capacity.sessions false). docs/scaling.md#prefix-aware-routing weighs them.")
     context_window: ContextWindowSettings = Field(default_factory=ContextWindowSettings)
     capacity: LlmCapacitySettings
     scaling: ScalingSettings
@@ -328,6 +334,15 @@ class LlmEndpointSettings(StrictModel):
                 f"max_loras: {self.max_loras} is more than the {len(self.adapters)} configured "
                 "adapters"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _routing_combines(self) -> LlmEndpointSettings:
+        if self.routing_strategy == "prefix_aware" and self.capacity.sessions:
+            raise ValueError("routing_strategy: 'prefix_aware' with capacity.sessions: true; "
+                             "accepted: prefix_aware with capacity.sessions false (AWS documents"
+                             " no routing of a stateful session's requests under PREFIX_AWARE)"
+                             ", or least_outstanding")
         return self
 
     @model_validator(mode="after")

@@ -30,6 +30,7 @@ from capacity_model.price_snapshot import parse_snapshot
 from capacity_model.rates import SCENARIOS
 from capacity_model.report import format_capacity, format_pools, format_ranges, plan_price
 from capacity_model.roofline import RooflineInputs, estimate_profile
+from capacity_model.routing_plan import compare, format_comparison
 from gpu_budget import MemoryPlan
 from stacks.settings import REPO_ROOT, Environment, SettingsError, load_environment
 from tools.capacity.arguments import batch_sizes_argument, positive
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     pools.add_argument("--faster", default="ml.g6e.xlarge",
                        help="the larger GPU instance an option moves pools to (default: "
                        "%(default)s)")
+    routing = sub.add_parser("routing", help="least-outstanding + sessions against PREFIX_AWARE "
+                             "on the busiest hour and a release surge (docs/scaling.md)")
+    routing.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     estimate = sub.add_parser(
         "estimate", help="estimate a decode profile (roofline) for an environment's GPU and model")
     estimate.add_argument("--env", required=True)
@@ -102,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = evaluate_pools(capacity, settings.memory_plan, settings.decode_speed_table(),
                                  seed_002_options(settings.instance_type, args.faster))
         print(format_pools(options))
+        return 0
+    if args.command == "routing":
+        print("\n".join(format_comparison(compare(capacity))))
         return 0
     if args.command == "plan":
         if args.json:
