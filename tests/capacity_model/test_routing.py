@@ -97,8 +97,8 @@ def test_aws_rules_name_the_field_value_and_what_is_accepted() -> None:
 def test_settings_refuse_prefix_aware_with_sessions() -> None:
     data = yaml.safe_load((REPO_ROOT / "config" / "prod.yaml").read_text(encoding="utf-8"))
     data["llm"]["routing_strategy"] = "prefix_aware"
-    with pytest.raises(SettingsError, match="routing_strategy: 'prefix_aware' with "
-                                            "capacity.sessions: true"):
+    with pytest.raises(SettingsError, match=r"routing_strategy: 'prefix_aware' with "
+                                            r"capacity\.sessions: true"):
         parse_settings(data, source="prod (edited)")
 
 
