@@ -300,8 +300,8 @@ def format_seeds(capacity: LlmCapacity) -> list[str]:
             f"{criteria.kernel_busy_share:.0%} ({_met(criteria.kernel_busy_share > 0.75)}: the "
             "share of time a kernel runs, i.e. at least one request in flight)",
             f"    (the plan's own measure, not the seed's: load over sustainable "
-            f"{criteria.business_utilisation:.0%} — served load over what the instances running"
-            " each hour sustain)",
+            f"{criteria.business_load_over_sustainable:.0%} — served load over what the "
+            "instances running each hour sustain)",
             f"    queue wait p99 at 100 RPS < 150 ms              {wait} (at "
             f"{criteria.queue_instances} instances; the step in progress and the prefills "
             "ahead)",

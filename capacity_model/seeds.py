@@ -81,7 +81,7 @@ def seed_reading(name: str, capacity: InstanceCapacity, latency: LatencyModel,
 class FleetCriteria:
     """The seeds' fleet criteria for the planned fleet."""
 
-    business_utilisation: float
+    business_load_over_sustainable: float
     """The plan's load over sustainable (not the seed's utilisation)."""
     night_instances: int
     night_invocations_per_min: float
@@ -127,7 +127,7 @@ def fleet_criteria(fleet: FleetPlan, profile: DailyProfile, latency: LatencyMode
             wait = 1000 * (0.99 * busy * state.mean_step_s + queue_wait_seconds(
                 state.prefill_share, state.prefill.extra_s, 0.99))
     return FleetCriteria(
-        business_utilisation=sum(shares) / len(shares) if shares else math.nan,
+        business_load_over_sustainable=sum(shares) / len(shares) if shares else math.nan,
         night_instances=_clamped(fleet, night_load, NIGHT_HOUR),
         night_invocations_per_min=night_load, queue_instances=instances,
         queue_wait_p99_ms=wait,

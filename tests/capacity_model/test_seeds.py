@@ -38,7 +38,7 @@ def test_the_fleet_criteria_follow_the_fleet(prod: LlmCapacity) -> None:
     night = prod.profile.at(2)
     assert criteria.night_instances == min(fleet.off_peak.max_capacity, max(
         fleet.off_peak.min_capacity, fleet.instances_for(night)))
-    assert 0 < criteria.business_utilisation <= 1
+    assert 0 < criteria.business_load_over_sustainable <= 1
     assert criteria.queue_instances == fleet.instances_for(6000)
     assert criteria.queue_wait_p99_ms is not None and criteria.queue_wait_p99_ms > 0
     assert _in_business(fleet, 12) and not _in_business(fleet, 2)
@@ -70,4 +70,4 @@ def test_utilisation_is_the_share_of_time_a_kernel_runs(prod: LlmCapacity) -> No
             for hour, load in enumerate(prod.profile.hourly_invocations_per_min)
             if _in_business(fleet, hour)]
     assert criteria.kernel_busy_share == pytest.approx(sum(busy) / len(busy))
-    assert criteria.kernel_busy_share > criteria.business_utilisation
+    assert criteria.kernel_busy_share > criteria.business_load_over_sustainable
