@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup bootstrap synth simulate traces cost capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-steps test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup bootstrap synth simulate traces cost prices capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-steps test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
 
 # Each documented target: `target: prerequisites ## what it does`, then ` ## about N min` when it
 # takes more than a minute on the 2-core development machine; tools/make_help.py adds the
@@ -124,9 +124,13 @@ traces: setup ## rewrite the shipped traffic traces (tools/scaling_sim/traces/) 
 cost: synth ## monthly price of each endpoint of ENV from its synthesized scaling (table; docs/img/cost-<env>.png) ## about 4 min
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 
+prices: setup ## refresh config/prices.json (the dated Tokyo SageMaker hosting prices the plan is priced at) from AWS's Price List bulk API (needs network access to pricing.us-east-1.amazonaws.com)
+	$(PY) -m tools.prices
+
 capacity: synth ## one run for the capacity figures of ENV (docs/capacity.md): plan, pools, price range, scaling traces ## about 5 min
 	$(PY) -m tools.capacity plan --env $(ENV)
 	$(PY) -m tools.capacity pools --env $(ENV)
+	$(PY) -m tools.capacity routing --env $(ENV)
 	$(PY) -m tools.cost_report --env $(ENV) --assembly cdk.out --plot docs/img/cost-$(ENV).png
 	stage=$$($(STAGE_OF_ENV)); $(PY) -m tools.scaling_sim --template $$(ls cdk.out/assembly-$$stage/$${stage}Serving*.template.json) --spike-env $(ENV) --plot-dir docs/img
 
@@ -152,7 +156,7 @@ gate-resolution: setup ## the quality gate's resolution by evaluation-set size (
 intent-cost: setup ## the intent classifier's monthly price on GPU vs Inferentia (catalog prices; COST_FLAGS="--gpu-price 1.2 ...")
 	$(PY) -m neuron.cost $(COST_FLAGS)
 
-bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: the capacity model's predictions beside the CPU engine's measurements, gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier ## about 20 min
+bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: the capacity model's predictions beside the CPU engine's measurements (fails on a figure out of its tolerance), gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool, vLLM's benchmark client), gateway overhead, traced vs eager classifier ## about 20 min
 	$(PY) benchmarks/capacity_check.py
 	$(PY) benchmarks/gateway_vs_vllm.py
 	$(PY) benchmarks/conversation_replay.py

@@ -37,6 +37,7 @@ from typing import Any
 from capacity_model.decode_speed import DecodeProfile, Latency
 from capacity_model.demand import RequestMix, blocks_for
 from capacity_model.latency import LatencyModel, MeasuredLatency
+from capacity_model.queue_sim import SimResult
 from gpu_budget import MemoryPlan
 from request_buckets import RequestBucket
 
@@ -116,6 +117,11 @@ class InstanceCapacity:
     retention and the window's steps counted)."""
     mean_cached_prompt_tokens: float = 0.0
     bucket_latency: tuple[BucketLatency, ...] = ()
+    closed_form_slo_limit: int = 0
+    """The SLO's batch by the closed form at the mix's mean prompt (what ``slo_limit`` was
+    before the simulation of the mix's own buckets replaced it)."""
+    tail_source: str = "closed form at the mix's mean request"
+    """Where the TTFT and TPOT quantiles and the per-bucket first tokens come from."""
 
     def cap_of(self, bucket: RequestBucket | str) -> int:
         """The gateway's cap for ``bucket``."""
@@ -235,14 +241,40 @@ def _bucket_caps(plan: MemoryPlan, mix: RequestMix, admissible: int) -> list[Buc
     return caps
 
 
+def _bucket_latency(plan: MemoryPlan, mix: RequestMix, model: LatencyModel, slo: LatencySlo,
+                    concurrency: int, uncached: dict[str, float], history_reuse: float,
+                    tail: SimResult | None) -> list[BucketLatency]:
+    """Each bucket's first token at the batch: the simulation's quantiles when it ran, else the
+    closed form for the bucket's typical request."""
+    buckets = []
+    for demand in mix.demands:
+        name = demand.bucket.value
+        if tail is not None:
+            quantiles = tail.ttft_of(name)
+            ttft = Latency(quantiles.p50_ms, quantiles.p99_ms)
+        else:
+            ttft = model.ttft_of(concurrency, uncached[name])
+        buckets.append(BucketLatency(
+            bucket=name, prompt_tokens=demand.prompt_tokens,
+            cached_tokens=round(demand.cached_tokens(plan.block_size, history_reuse), 1),
+            time_to_first_token_p50_ms=round(ttft.p50_ms, 1),
+            time_to_first_token_p99_ms=round(ttft.p99_ms, 1),
+            meets_slo=ttft.p99_ms <= slo.time_to_first_token_p99_ms))
+    return buckets
+
+
 def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel | DecodeProfile,
                       slo: LatencySlo, *, admission_watermark: float,
-                      history_reuse: float = 0.0) -> InstanceCapacity:
+                      history_reuse: float = 0.0, slo_cap: int | None = None,
+                      tail: SimResult | None = None) -> InstanceCapacity:
     """Derive the capacity of one instance sized by ``plan`` for ``mix`` within ``slo``.
 
     ``latency`` is a measured profile (its TTFT scaled by uncached prompt tokens) or a latency
     model already shaped to the mix (:func:`capacity_model.latency.latency_model`);
     ``history_reuse`` the share of each prompt's earlier conversation the prefix cache serves.
+    ``slo_cap``: the SLO's batch from the simulation of the mix's own buckets
+    (:mod:`capacity_model.queue_sim`), which then replaces the closed form's; ``tail``: that
+    simulation at the resulting batch, whose quantiles the capacity reports.
     """
     if not 0 < admission_watermark <= 1:
         raise CapacityError(f"admission_watermark {admission_watermark!r}; accepted: (0, 1]")
@@ -256,21 +288,22 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
                 for d in mix.demands}
     admissible = math.floor(admission_watermark * plan.kv_pool_blocks)
     shares = {d.bucket.value: d.share for d in mix.demands}
-    by_slo = slo_limit(model, slo, uncached_tokens=uncached, shares=shares)
+    closed_form = slo_limit(model, slo, uncached_tokens=uncached, shares=shares)
+    by_slo = closed_form if slo_cap is None else slo_cap
     kv_mix = math.floor(admissible / mix.mean_reserved_blocks(plan.block_size))
     limits = {"KV pool": kv_mix, "max_num_seqs": plan.max_num_seqs, "latency SLO": by_slo}
     concurrency = max(1, min(limits.values()))
     point = model.at(concurrency)
     duration_s = (point.ttft.p50_ms + mix.mean_output_tokens * point.tpot.p50_ms) / 1000
-    buckets = []
-    for demand in mix.demands:
-        ttft = model.ttft_of(concurrency, uncached[demand.bucket.value])
-        buckets.append(BucketLatency(
-            bucket=demand.bucket.value, prompt_tokens=demand.prompt_tokens,
-            cached_tokens=round(demand.cached_tokens(plan.block_size, history_reuse), 1),
-            time_to_first_token_p50_ms=round(ttft.p50_ms, 1),
-            time_to_first_token_p99_ms=round(ttft.p99_ms, 1),
-            meets_slo=ttft.p99_ms <= slo.time_to_first_token_p99_ms))
+    if tail is not None and tail.batch_size == concurrency:
+        ttft_all, tpot_all = Latency(tail.ttft.p50_ms, tail.ttft.p99_ms), Latency(
+            tail.tpot.p50_ms, tail.tpot.p99_ms)
+        source = (f"simulated: the mix's own buckets in a closed loop of {concurrency} "
+                  f"({tail.requests:,} requests, capacity_model/queue_sim.py)")
+    else:
+        tail, ttft_all, tpot_all = None, point.ttft, point.tpot
+        source = "closed form at the mix's mean request"
+    buckets = _bucket_latency(plan, mix, model, slo, concurrency, uncached, history_reuse, tail)
     return InstanceCapacity(
         instance_type=plan.instance_type,
         kv_pool_blocks=plan.kv_pool_blocks,
@@ -282,10 +315,10 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
         slo_limit=by_slo,
         concurrency=concurrency,
         limited_by=_limited_by(limits),
-        time_to_first_token_p50_ms=round(point.ttft.p50_ms, 1),
-        time_to_first_token_p99_ms=round(point.ttft.p99_ms, 1),
-        time_per_output_token_p50_ms=round(point.tpot.p50_ms, 2),
-        time_per_output_token_p99_ms=round(point.tpot.p99_ms, 2),
+        time_to_first_token_p50_ms=round(ttft_all.p50_ms, 1),
+        time_to_first_token_p99_ms=round(ttft_all.p99_ms, 1),
+        time_per_output_token_p50_ms=round(tpot_all.p50_ms, 2),
+        time_per_output_token_p99_ms=round(tpot_all.p99_ms, 2),
         request_seconds=round(duration_s, 3),
         sustainable_invocations_per_min=round(60 * concurrency / duration_s, 1),
         decode_status=model.status,
@@ -295,4 +328,6 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
         mean_cached_prompt_tokens=round(mix.mean_cached_tokens(plan.block_size, history_reuse),
                                         1),
         bucket_latency=tuple(buckets),
+        closed_form_slo_limit=closed_form,
+        tail_source=source,
     )

@@ -138,26 +138,38 @@ class RequestShape:
 
 def roofline_inputs(rates: GpuRates, scenario: Scenario, plan: MemoryPlan,
                     shape: RequestShape, *, ttft_p99_over_p50: float, tpot_p99_over_p50: float,
-                    prefill_factor: float = 1.0, step_overhead_s: float = 0.0) -> RooflineInputs:
+                    prefill_factor: float = 1.0, step_overhead_s: float = 0.0,
+                    lora_step_factor: float | None = None,
+                    decode_compute_efficiency: float | None = None) -> RooflineInputs:
     """The roofline's inputs for ``plan`` running ``shape`` at ``scenario``'s rates (chunked
     prefill in the plan's ``max_num_batched_tokens``); ``prefill_factor`` multiplies the
-    prefill rate (a what-if: the cost report's sensitivity)."""
+    prefill rate (a what-if: the cost report's sensitivity). ``lora_step_factor`` (default:
+    the rates' at ``scenario`` when the plan serves adapters, else 1) and
+    ``decode_compute_efficiency`` (default: the rates' at ``scenario``) are what-ifs across
+    their ranges."""
+    lora = (lora_step_factor if lora_step_factor is not None
+            else rates.lora_factor(scenario) if plan.max_loras > 0 else 1.0)
+    decode = rates.decode_compute_tokens_per_s(scenario)
+    if decode_compute_efficiency is not None:
+        decode = (rates.tensor_peak_tflops.pick(scenario) * 1e12 * decode_compute_efficiency
+                  / rates.decode_flops_per_token)
     return RooflineInputs(
         weights_bytes=plan.weights_bytes, kv_bytes_per_token=plan.kv_bytes_per_token,
         memory_bandwidth_gb_s=rates.memory_bandwidth_gb_s,
         bandwidth_efficiency=rates.bandwidth_efficiency.pick(scenario),
         prefill_tokens_per_s=rates.prefill_tokens_per_s(scenario) * prefill_factor,
-        decode_compute_tokens_per_s=rates.decode_compute_tokens_per_s(scenario),
+        decode_compute_tokens_per_s=decode,
         prompt_tokens=shape.prompt_tokens, cached_prompt_tokens=shape.cached_prompt_tokens,
         output_tokens=shape.output_tokens, ttft_p99_over_p50=ttft_p99_over_p50,
         tpot_p99_over_p50=tpot_p99_over_p50,
         max_num_batched_tokens=plan.max_num_batched_tokens,
-        step_overhead_s=step_overhead_s)
+        step_overhead_s=step_overhead_s, lora_step_factor=lora)
 
 
 def latency_model(profile: DecodeProfile, *, rates: GpuRates | None, scenario: Scenario,
-                  plan: MemoryPlan, shape: RequestShape,
-                  prefill_factor: float = 1.0) -> LatencyModel:
+                  plan: MemoryPlan, shape: RequestShape, prefill_factor: float = 1.0,
+                  lora_step_factor: float | None = None,
+                  decode_compute_efficiency: float | None = None) -> LatencyModel:
     """The measured profile as it is, or the estimate recomputed at ``shape`` from ``rates``.
 
     An estimated profile without rates falls back to its stored points (scaled like a
@@ -169,11 +181,16 @@ def latency_model(profile: DecodeProfile, *, rates: GpuRates | None, scenario: S
                              ttft_p99_over_p50=stored["ttft_p99_over_p50"],
                              tpot_p99_over_p50=stored["tpot_p99_over_p50"],
                              prefill_factor=prefill_factor,
-                             step_overhead_s=stored.get("step_overhead_s", 0.0))
+                             step_overhead_s=stored.get("step_overhead_s", 0.0),
+                             lora_step_factor=lora_step_factor,
+                             decode_compute_efficiency=decode_compute_efficiency)
     factor = "" if prefill_factor == 1 else f", prefill × {prefill_factor:g}"
+    if inputs.lora_step_factor != 1:
+        factor += f", LoRA step × {inputs.lora_step_factor:g}"
     return RooflineLatency(
         inputs=inputs, batch_limit=plan.max_num_seqs,
         name=(f"{profile.describe()}, re-estimated at the mix's shape from the {scenario} "
               f"rates ({inputs.prefill_tokens_per_s:,.0f} prefill tokens/s, "
+              f"decode compute {inputs.decode_compute_tokens_per_s:,.0f} tokens/s, "
               f"{rates.memory_bandwidth_gb_s:g} GB/s × {inputs.bandwidth_efficiency:g}"
               f"{factor})"))

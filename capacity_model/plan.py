@@ -51,7 +51,7 @@ from capacity_model.instance import (
     LatencySlo,
     instance_capacity,
 )
-from capacity_model.latency import LatencyModel, RequestShape, latency_model
+from capacity_model.latency import LatencyModel, RequestShape, RooflineLatency, latency_model
 from capacity_model.prefix_reuse import (
     Geometry,
     PromptLayout,
@@ -61,8 +61,11 @@ from capacity_model.prefix_reuse import (
     summarize,
     uniform_turns,
 )
+from capacity_model.queue_sim import RequestClass, SimResult, simulate
+from capacity_model.queue_sim import slo_limit as simulated_slo_limit
 from capacity_model.rates import GpuRates, Scenario
 from capacity_model.seeds import (
+    SEED_BATCH,
     SEED_MAX_TOKENS,
     SEED_OUTPUT_TOKENS,
     SEED_PROMPT_TOKENS,
@@ -93,6 +96,8 @@ from serving_contract.environment import (
 
 BISECTION_STEPS = 30
 SESSIONS_OFF_ROUNDS = 6
+TAIL_ROUNDS = 3
+"""Rounds of (simulate the SLO's batch, re-solve the reuse at it) before the cap is taken."""
 LLAMA3_OPENING, LLAMA3_HEADER, LLAMA3_MARKER = 1, 4, 20
 """Llama 3's chat template: ``<|begin_of_text|>`` opens the prompt, the assistant header
 (``<|start_header_id|>assistant<|end_header_id|>`` + a blank line, 4 tokens) ends it and opens
@@ -110,6 +115,13 @@ class ReuseInputs:
     scenario: Scenario = "central"
     prefill_factor: float = 1.0
     """Multiplies the scenario's prefill rate (a what-if; 1 in every environment)."""
+    lora_step_factor: float | None = None
+    """What-if: the adapters' step-time factor (None: the rates' at the scenario)."""
+    decode_compute_efficiency: float | None = None
+    """What-if: the decode step's compute efficiency (None: the rates' at the scenario)."""
+    simulate_tail: bool = True
+    """Size the SLO's batch by the simulation of the mix's own buckets (False: the closed
+    form at the mix's mean request, the model before issue 39)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +206,8 @@ class LlmCapacity:
     (:mod:`capacity_model.seeds`)."""
     fleet_criteria: FleetCriteria | None = None
     """Seed 001's fleet criteria for the planned fleet."""
+    latency: LatencyModel | None = None
+    """The latency model the instance was sized with (at the solved reuse)."""
 
     def fleet_for(self, surge: Surge, *, provisioning_s: int | None = None) -> FleetPlan:
         """The fleet plan that absorbs ``surge`` unaided (its recommended headroom), with new
@@ -285,6 +299,14 @@ class _Sizing:
     slo: LatencySlo
     watermark: float
     inputs: ReuseInputs
+    slo_cap: int | None = None
+    """The SLO's batch from the simulation (None: the closed form's)."""
+    tail: SimResult | None = None
+    """The simulation at the plan's batch, whose quantiles the capacity reports."""
+
+    def alone(self, mix: RequestMix) -> _Sizing:
+        """The same sizing for another mix, without this mix's simulated cap and tail."""
+        return replace(self, mix=mix, slo_cap=None, tail=None)
 
 
 def _latency(sizing: _Sizing, history_reuse: float) -> LatencyModel:
@@ -293,14 +315,71 @@ def _latency(sizing: _Sizing, history_reuse: float) -> LatencyModel:
                          cached_prompt_tokens=mix.mean_cached_tokens(plan.block_size,
                                                                      history_reuse),
                          output_tokens=mix.mean_output_tokens)
-    return latency_model(sizing.profile, rates=sizing.rates, scenario=sizing.inputs.scenario,
-                         plan=plan, shape=shape, prefill_factor=sizing.inputs.prefill_factor)
+    inputs = sizing.inputs
+    return latency_model(sizing.profile, rates=sizing.rates, scenario=inputs.scenario,
+                         plan=plan, shape=shape, prefill_factor=inputs.prefill_factor,
+                         lora_step_factor=inputs.lora_step_factor,
+                         decode_compute_efficiency=inputs.decode_compute_efficiency)
 
 
 def _size(sizing: _Sizing, history_reuse: float) -> InstanceCapacity:
     return instance_capacity(sizing.plan, sizing.mix, _latency(sizing, history_reuse),
                              sizing.slo, admission_watermark=sizing.watermark,
-                             history_reuse=history_reuse)
+                             history_reuse=history_reuse, slo_cap=sizing.slo_cap,
+                             tail=sizing.tail)
+
+
+def tail_inputs(sizing: _Sizing,
+                history_reuse: float) -> tuple[RooflineLatency, list[RequestClass]] | None:
+    """The roofline and the mix's buckets the simulation runs (None for a measured profile:
+    its points are the tail)."""
+    latency = _latency(sizing, history_reuse)
+    if not isinstance(latency, RooflineLatency):
+        return None
+    block = sizing.plan.block_size
+    return latency, [RequestClass(d.bucket.value, d.share, d.uncached_tokens(block, history_reuse),
+                                  d.output_tokens) for d in sizing.mix.demands]
+
+
+def _simulated(sizing: _Sizing, window_reuse: float, state: ReuseState,
+               instance: InstanceCapacity, *, ttl_s: int,
+               instances: int) -> tuple[_Sizing, ReuseState, InstanceCapacity]:
+    """The SLO's batch from the simulation of the mix's own buckets, the reuse re-solved at
+    it (the batch moves the retention), then the tail simulated at the plan's batch."""
+    if not sizing.inputs.simulate_tail:
+        return sizing, state, instance
+    for _ in range(TAIL_ROUNDS):
+        found = tail_inputs(sizing, state.history_reuse)
+        if found is None:
+            return sizing, state, instance
+        latency, classes = found
+        limit, _run = simulated_slo_limit(
+            latency.inputs, classes, ttft_p99_ms=sizing.slo.time_to_first_token_p99_ms,
+            tpot_p99_ms=sizing.slo.time_per_output_token_p99_ms,
+            max_batch=latency.max_batch_size, start=instance.closed_form_slo_limit)
+        if limit == 0:
+            raise CapacityError(
+                f"{latency.describe()}: even one request misses the latency SLOs in the "
+                "simulation of the mix's own buckets (capacity_model/queue_sim.py); relax the "
+                "SLOs, shorten the prompts or choose a faster GPU")
+        if limit == sizing.slo_cap:
+            break
+        sizing = replace(sizing, slo_cap=limit)
+        state, instance = solve_reuse(sizing, window_reuse, ttl_s=ttl_s, instances=instances)
+    for _ in range(TAIL_ROUNDS + 2):
+        found = tail_inputs(sizing, state.history_reuse)
+        assert found is not None
+        tail = simulate(found[0].inputs, found[1], instance.concurrency)
+        slo = sizing.slo
+        if (instance.limited_by != "latency SLO" or instance.concurrency == 1
+                or (tail.ttft.p99_ms <= slo.time_to_first_token_p99_ms
+                    and tail.tpot.p99_ms <= slo.time_per_output_token_p99_ms)):
+            break
+        # The re-solved reuse moved the tail past the SLO: one in flight fewer.
+        sizing = replace(sizing, slo_cap=instance.concurrency - 1)
+        state, instance = solve_reuse(sizing, window_reuse, ttl_s=ttl_s, instances=instances)
+    sizing = replace(sizing, tail=tail)
+    return sizing, state, _size(sizing, state.history_reuse)
 
 
 def _seed_readings(sizing: _Sizing, history_reuse: float) -> tuple[SeedReading, ...]:
@@ -313,13 +392,20 @@ def _seed_readings(sizing: _Sizing, history_reuse: float) -> tuple[SeedReading, 
     readings = []
     for name, mix, reuse in (("seeds' size", seeds, 0.0), ("this mix", sizing.mix,
                                                              history_reuse)):
-        mixed = replace(sizing, mix=mix)
+        mixed = sizing if mix is sizing.mix else sizing.alone(mix)
         latency = _latency(mixed, reuse)
-        readings.append(seed_reading(
+        reading = seed_reading(
             name, _size(mixed, reuse), latency,
             {d.bucket.value: d.uncached_tokens(block, reuse) for d in mix.demands},
             {d.bucket.value: d.share for d in mix.demands},
-            prompt_tokens=mix.mean_prompt_tokens, output_tokens=mix.mean_output_tokens))
+            prompt_tokens=mix.mean_prompt_tokens, output_tokens=mix.mean_output_tokens)
+        found = tail_inputs(mixed, reuse) if mixed.inputs.simulate_tail else None
+        if found is not None:  # the tail of this mix's own buckets at 50 in flight
+            run = simulate(found[0].inputs, found[1], min(SEED_BATCH, found[0].max_batch_size))
+            reading = replace(reading, ttft_p99_at_50_ms=run.ttft.p99_ms,
+                              answer_p99_at_50_ms=run.ttft.p99_ms
+                              + mix.mean_output_tokens * run.tpot.p99_ms)
+        readings.append(reading)
     return tuple(readings)
 
 
@@ -390,7 +476,7 @@ def _conversation_load(sizing: _Sizing, replayed: ConversationReuse, state: Reus
         mix = request_mix([BucketDemand(bounds.classify(prompt + max_tokens), 1.0, prompt,
                                         max_tokens, conversation.tokens_per_turn, system,
                                         history)], bounds)
-        capacity = _size(replace(sizing, mix=mix), state.history_reuse)
+        capacity = _size(sizing.alone(mix), state.history_reuse)
     except (DemandError, CapacityError):
         return None
     return ConversationLoad(mean_prompt_tokens=prompt,
@@ -432,8 +518,10 @@ def llm_capacity(
     ttl_s = recommended_ttl_s(policy.detection_s + policy.provisioning_s)
     instances = policy.min_capacity
     for _ in range(SESSIONS_OFF_ROUNDS):
-        state, instance = solve_reuse(sizing, replayed.summary.history_reuse, ttl_s=ttl_s,
-                                      instances=instances)
+        state, instance = solve_reuse(sizing.alone(mix), replayed.summary.history_reuse,
+                                      ttl_s=ttl_s, instances=instances)
+        sizing, state, instance = _simulated(sizing.alone(mix), replayed.summary.history_reuse,
+                                             state, instance, ttl_s=ttl_s, instances=instances)
         load = InstanceLoad(
             sustainable_invocations_per_min=instance.sustainable_invocations_per_min,
             concurrency=instance.concurrency,
@@ -460,5 +548,7 @@ def llm_capacity(
         conversation_load=_conversation_load(sizing, replayed, state, conversation,
                                              options[0].concurrent),
         seed_readings=_seed_readings(sizing, state.history_reuse),
-        fleet_criteria=fleet_criteria(fleet, profile, _latency(sizing, state.history_reuse)),
+        fleet_criteria=fleet_criteria(fleet, profile, _latency(sizing, state.history_reuse),
+                                      instance.request_seconds),
+        latency=_latency(sizing, state.history_reuse),
     )

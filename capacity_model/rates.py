@@ -84,6 +84,12 @@ class GpuRates:
     decode_flops_per_token: float
     status: Literal["assumption", "measured"]
     sources: tuple[str, ...]
+    decode_compute_efficiency: RateRange | None = None
+    """The model-FLOPs utilisation of a *decode* step (small-M GEMMs: a few dozen tokens
+    against every weight); None: the prefill's ``compute_efficiency``."""
+    lora_step_factor: RateRange | None = None
+    """What serving LoRA adapters multiplies a step's time by (low / central / high slowdown;
+    "higher is slower", so the pessimistic scenario takes ``high``); None: no cost known."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -101,10 +107,20 @@ class GpuRates:
         return flops / self.prefill_flops_per_token
 
     def decode_compute_tokens_per_s(self, scenario: Scenario = "central") -> float:
-        """Decode tokens per second the GPU's compute allows (the compute roof of a step)."""
-        flops = self.tensor_peak_tflops.pick(scenario) * TERA * self.compute_efficiency.pick(
-            scenario)
+        """Decode tokens per second the GPU's compute allows (the compute roof of a step), at
+        the decode efficiency (the prefill's when none is given)."""
+        efficiency = self.decode_compute_efficiency or self.compute_efficiency
+        flops = self.tensor_peak_tflops.pick(scenario) * TERA * efficiency.pick(scenario)
         return flops / self.decode_flops_per_token
+
+    def lora_factor(self, scenario: Scenario = "central") -> float:
+        """The step-time factor of serving adapters in ``scenario`` (the slow end for the
+        pessimistic one); 1 when the entry gives none."""
+        if self.lora_step_factor is None:
+            return 1.0
+        flipped: dict[Scenario, Scenario] = {"pessimistic": "optimistic", "central": "central",
+                                             "optimistic": "pessimistic"}
+        return self.lora_step_factor.pick(flipped[scenario])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -117,9 +133,11 @@ class GpuRates:
             "prefill_flops_per_token": self.prefill_flops_per_token,
             "decode_flops_per_token": self.decode_flops_per_token,
             "sources": list(self.sources),
-        }
+        } | {name: value.to_dict() for name in _OPTIONAL_RANGES
+             if (value := getattr(self, name)) is not None}
 
 
+_OPTIONAL_RANGES = ("decode_compute_efficiency", "lora_step_factor")
 _RATE_FIELDS = {"gpu", "model", "quantization", "status", "memory_bandwidth_gb_s",
                 "bandwidth_efficiency", "tensor_peak_tflops", "compute_efficiency",
                 "prefill_flops_per_token", "decode_flops_per_token", "sources"}
@@ -129,10 +147,11 @@ def parse_rates(data: Any, where: str) -> GpuRates:
     """One ``rates`` entry of the table; RatesError names the place and what is accepted."""
     if not isinstance(data, dict):
         raise RatesError(f"{where}: accepted: an object")
-    missing, unknown = sorted(_RATE_FIELDS - set(data)), sorted(set(data) - _RATE_FIELDS)
+    missing = sorted(_RATE_FIELDS - set(data))
+    unknown = sorted(set(data) - _RATE_FIELDS - set(_OPTIONAL_RANGES))
     if missing or unknown:
         raise RatesError(f"{where}: missing {missing}, unknown {unknown}; accepted keys: "
-                         f"{sorted(_RATE_FIELDS)}")
+                         f"{sorted(_RATE_FIELDS)} and optionally {list(_OPTIONAL_RANGES)}")
     for name in ("gpu", "model", "quantization"):
         if not isinstance(data[name], str) or not data[name].strip():
             raise RatesError(f"{where}.{name}: {data[name]!r}; accepted: a non-empty string")
@@ -145,8 +164,10 @@ def parse_rates(data: Any, where: str) -> GpuRates:
                          "each figure comes from")
     ranges = {name: _range(data[name], f"{where}.{name}") for name in (
         "bandwidth_efficiency", "tensor_peak_tflops", "compute_efficiency")}
-    for name in ("bandwidth_efficiency", "compute_efficiency"):
-        if ranges[name].high > 1:
+    optional = _optional_ranges(data, where)
+    ranges |= optional
+    for name in ("bandwidth_efficiency", "compute_efficiency", "decode_compute_efficiency"):
+        if name in ranges and ranges[name].high > 1:
             raise RatesError(f"{where}.{name}.high: {ranges[name].high:g}; accepted: at most 1 "
                              "(a share of the peak)")
     return GpuRates(
@@ -160,7 +181,19 @@ def parse_rates(data: Any, where: str) -> GpuRates:
                                          f"{where}.decode_flops_per_token"),
         bandwidth_efficiency=ranges["bandwidth_efficiency"],
         tensor_peak_tflops=ranges["tensor_peak_tflops"],
-        compute_efficiency=ranges["compute_efficiency"])
+        compute_efficiency=ranges["compute_efficiency"],
+        decode_compute_efficiency=optional.get("decode_compute_efficiency"),
+        lora_step_factor=optional.get("lora_step_factor"))
+
+
+def _optional_ranges(data: dict[str, Any], where: str) -> dict[str, RateRange]:
+    """The optional ranges present (a LoRA factor is a step-time factor: at least 1)."""
+    optional = {name: _range(data[name], f"{where}.{name}") for name in _OPTIONAL_RANGES
+                if name in data}
+    if "lora_step_factor" in optional and optional["lora_step_factor"].low < 1:
+        raise RatesError(f"{where}.lora_step_factor.low: {optional['lora_step_factor'].low:g}; "
+                         "accepted: at least 1 (a step-time factor)")
+    return optional
 
 
 def _positive(value: Any, where: str) -> float:

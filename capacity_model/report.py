@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 from capacity_model.fleet import FleetPlan
 from capacity_model.plan import LlmCapacity
-from capacity_model.pools import PoolOption
+from capacity_model.pools import PoolOption, expected_day_instances
+from capacity_model.price import PriceComparison, price_comparison
 from capacity_model.rates import SCENARIOS
+from gpu_budget import INSTANCE_CATALOG
 
 
 def format_fleet(fleet: FleetPlan) -> list[str]:
@@ -126,8 +128,9 @@ def format_conversation_load(capacity: LlmCapacity) -> list[str]:
     ]
 
 
-def format_capacity(capacity: LlmCapacity) -> str:
-    """The whole plan as a multi-line table."""
+def format_capacity(capacity: LlmCapacity, price: PriceComparison | None = None) -> str:
+    """The whole plan as a multi-line table (``price``: priced from a snapshot; default: the
+    catalog's rate, :func:`plan_price`)."""
     plan, instance, mix = capacity.memory_plan, capacity.instance, capacity.mix
     lines = [
         f"Capacity plan: {plan.model_name} ({plan.quantization}) on {plan.instance_type} "
@@ -174,30 +177,84 @@ def format_capacity(capacity: LlmCapacity) -> str:
         f"  sustainable                   {instance.sustainable_invocations_per_min:,.1f} "
         "invocations/min",
         "  first token by bucket         " + ", ".join(
-            f"{b.bucket} p99 {b.time_to_first_token_p99_ms:,.0f} ms" for b in
-            instance.bucket_latency) + f" (SLO {capacity.slo.time_to_first_token_p99_ms:,.0f} "
-        "ms over all requests)",
+            f"{b.bucket} {b.time_to_first_token_p50_ms:,.0f} / {b.time_to_first_token_p99_ms:,.0f}"
+            " ms" for b in instance.bucket_latency)
+        + f" (p50 / p99; SLO {capacity.slo.time_to_first_token_p99_ms:,.0f} ms p99 over all "
+        "requests)",
+        f"  tails from                    {instance.tail_source}; the SLO's batch by the closed "
+        f"form at the mean request: {instance.closed_form_slo_limit}",
         "",
         *format_fleet(capacity.fleet),
         "",
         f"Long conversations per GPU ({capacity.conversation.turns} turns × "
         f"{capacity.conversation.tokens_per_turn} tokens + {capacity.conversation.rag_tokens:,}"
-        f" retrieved; the requirement is >= {capacity.conversations_wanted})",
+        " retrieved; no seed asks for a number of them: Seed 001 asks that 30+-turn "
+        "conversations be served within the latency SLA, below)",
     ]
     for option in capacity.conversation_options:
-        verdict = "meets" if option.meets(capacity.conversations_wanted) else "short"
         lines.append(
-            f"  {option.name:<46}{option.concurrent:>4} ({verdict}; reserves "
+            f"  {option.name:<46}{option.concurrent:>4} (reserves "
             f"{option.request.reserved_tokens:,} tokens, {option.request.turns_kept} turns kept, "
             f"limited by {option.limited_by})")
         for cost in option.costs:
             lines.append(f"      {cost}")
     lines += format_conversation_load(capacity)
     lines += format_seeds(capacity)
+    lines += format_price(price or plan_price(capacity))
     notes = instance.notes
     if notes:
         lines += ["", "Notes", *(f"  - {note}" for note in notes)]
     return "\n".join(lines)
+
+
+def plan_price(capacity: LlmCapacity, usd_per_hour: float | None = None,
+               rate_basis: str | None = None) -> PriceComparison:
+    """The plan's expected day and the seed's two fleets priced at ``usd_per_hour`` (default:
+    the catalog's on-demand rate for the plan's instance, its basis named)."""
+    instance = INSTANCE_CATALOG[capacity.memory_plan.instance_type]
+    if usd_per_hour is None:
+        usd_per_hour = instance.on_demand_usd_per_hour
+        rate_basis = (f"the catalog's {instance.price_region} rate, us-east-1's "
+                      f"{instance.price_basis} price ${instance.reference_usd_per_hour_us_east_1:g}"
+                      " × 1.35 (not a looked-up Tokyo price: config/prices.json)")
+    return price_comparison(expected_day_instances(capacity.fleet, capacity.profile),
+                            usd_per_hour, rate_basis or "given")
+
+
+def format_price(price: PriceComparison) -> list[str]:
+    """The plan's month beside Seed 001's "before" and its final fleet."""
+    return [
+        "",
+        f"Price per month (the expected day, no release; ${price.usd_per_hour:.3f}/h: "
+        f"{price.rate_basis})",
+        f"  this plan                     ${price.plan_monthly_usd:,.0f} "
+        f"({price.plan_instance_hours_per_day} instance-hours a day)",
+        f"  Seed 001's before             ${price.seed_before_monthly_usd:,.0f} (4 always on): "
+        f"{price.against_before:+.0%}",
+        f"  Seed 001's final fleet        ${price.seed_final_monthly_usd:,.0f} (2 for 5 night "
+        f"hours, 4 otherwise): {price.against_final:+.0%}",
+    ]
+
+
+def format_ranges(rows: Sequence[tuple[str, LlmCapacity]]) -> list[str]:
+    """How the plan and Seed 001's criteria move across the LoRA cost's and the decode
+    efficiency's ranges (each row one what-if, the others at their central values)."""
+    lines = ["", "Across the ranges (config/decode_speed.json: LoRA step-time factor, decode "
+             "compute efficiency)",
+             f"  {'what-if':<34}{'in flight':>22}{'per instance':>14}{'night-day':>11}"
+             f"{'TTFT p99 all / XL':>19}{'>= 60 in flight':>17}{'per month':>11}"]
+    for label, capacity in rows:
+        instance, fleet = capacity.instance, capacity.fleet
+        xl = instance.latency_of("XL").time_to_first_token_p99_ms
+        price = plan_price(capacity)
+        lines.append(
+            f"  {label:<34}{f'{instance.concurrency} ({instance.limited_by})':>22}"
+            f"{f'{instance.sustainable_invocations_per_min:,.1f}/min':>14}"
+            f"{f'{fleet.off_peak.min_capacity}-{fleet.business_hours.min_capacity}':>11}"
+            f"{f'{instance.time_to_first_token_p99_ms:,.0f} / {xl:,.0f} ms':>19}"
+            f"{_met(instance.concurrency >= 60):>17}"
+            f"{f'${price.plan_monthly_usd:,.0f}':>11}")
+    return lines
 
 
 def _met(ok: bool) -> str:
@@ -227,19 +284,24 @@ def format_seeds(capacity: LlmCapacity) -> list[str]:
     lines.append(f"  {'  whole answer (TTFT + answer x TPOT p99)':<44}" + "".join(
         f"{f'{r.answer_p99_at_50_ms:,.0f} ms ({_met(r.answer_p99_at_50_ms < 2000)})':>26}"
         for r in readings))
-    configured = capacity.configured_conversations
-    lines.append(f"  {'30+-turn conversations per GPU >= 60':<44}{'-':>26}"
-                 f"{f'{configured.concurrent} ({_met(configured.concurrent >= 60)})':>26}")
+    xl = capacity.instance.latency_of("XL").time_to_first_token_p99_ms
+    slo = capacity.slo.time_to_first_token_p99_ms
+    lines.append(f"  {'30+-turn conversations within the SLA':<44}{'-':>26}"
+                 f"{f'XL turns p99 {xl:,.0f} ms ({_met(xl <= slo)})':>30}")
     criteria = capacity.fleet_criteria
     if criteria is not None:
-        wait = ("not modelled (measured profile)" if criteria.queue_wait_p99_ms is None
+        wait = ("not modelled (measured profile, or 100/s beyond the fleet's maximum)"
+                if criteria.queue_wait_p99_ms is None
                 else f"{criteria.queue_wait_p99_ms:,.0f} ms "
                 f"({_met(criteria.queue_wait_p99_ms < 150)})")
         lines += [
             "  the planned fleet",
-            f"    GPU utilisation, business-hours average > 75%   "
-            f"{criteria.business_utilisation:.0%} ({_met(criteria.business_utilisation > 0.75)}:"
-            " served load over what the instances running each hour sustain)",
+            f"    GPU utilisation (nvidia-smi) in business hours > 75%   "
+            f"{criteria.kernel_busy_share:.0%} ({_met(criteria.kernel_busy_share > 0.75)}: the "
+            "share of time a kernel runs, i.e. at least one request in flight)",
+            f"    (the plan's own measure, not the seed's: load over sustainable "
+            f"{criteria.business_load_over_sustainable:.0%} — served load over what the "
+            "instances running each hour sustain)",
             f"    queue wait p99 at 100 RPS < 150 ms              {wait} (at "
             f"{criteria.queue_instances} instances; the step in progress and the prefills "
             "ahead)",

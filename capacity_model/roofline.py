@@ -47,7 +47,9 @@ measure). It schedules as vLLM does with chunked prefill:
   only the jitter of an unloaded engine on top (an assumption; the CPU check measures it), not a
   ratio borrowed from another machine at another load.
 
-It ignores LoRA adapter reads and CUDA-graph effects; a measurement replaces all of it.
+It ignores CUDA-graph effects; a measurement replaces all of it. The closed forms above hold
+for the mix's *mean* request; :mod:`capacity_model.queue_sim` runs the same steps on the mix's
+own buckets for the tail.
 
 Pure module: standard library only.
 """
@@ -64,6 +66,8 @@ GB = 1e9
 Z99 = 2.326
 """The standard normal's 99th percentile."""
 _OPTIONAL_ZERO = ("cached_prompt_tokens", "step_overhead_s")
+_OPTIONAL = {"step_overhead_s": 0.0, "lora_step_factor": 1.0}
+"""Inputs a stored ``estimated_from`` may leave out, and the value they then take."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,9 @@ class RooflineInputs:
     """vLLM's token budget of one step: decodes first, the rest to prefill chunks."""
     step_overhead_s: float = 0.0
     """A fixed cost every step adds to its roofline time (scheduling, sampling)."""
+    lora_step_factor: float = 1.0
+    """What serving LoRA adapters multiplies a step's roofline time by (1: no adapters; the
+    rates' ``lora_step_factor`` range, sourced in config/decode_speed.json)."""
 
     def __post_init__(self) -> None:
         cached = self.cached_prompt_tokens
@@ -109,21 +116,24 @@ class RooflineInputs:
         if self.bandwidth_efficiency > 1:
             raise ValueError(f"roofline input bandwidth_efficiency: {self.bandwidth_efficiency}"
                              " is not accepted; accepted: (0, 1]")
-        for name in ("ttft_p99_over_p50", "tpot_p99_over_p50"):
+        for name in ("ttft_p99_over_p50", "tpot_p99_over_p50", "lora_step_factor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"roofline input {name}: {getattr(self, name)} is not "
                                  "accepted; accepted: >= 1 (p99 is not below p50)")
 
     def to_dict(self) -> dict[str, float]:
-        """The ``estimated_from`` block of a profile."""
-        return {item.name: float(getattr(self, item.name)) for item in fields(self)}
+        """The ``estimated_from`` block of a profile (``lora_step_factor`` only when not 1)."""
+        data = {item.name: float(getattr(self, item.name)) for item in fields(self)}
+        if data["lora_step_factor"] == _OPTIONAL["lora_step_factor"]:
+            del data["lora_step_factor"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, float]) -> RooflineInputs:
         """Inverse of :meth:`to_dict`; ValueError names a missing or unknown input
-        (``step_overhead_s`` may be left out: 0)."""
+        (``step_overhead_s`` may be left out: 0; ``lora_step_factor``: 1)."""
         expected = {item.name for item in fields(cls)}
-        missing = expected - set(data) - {"step_overhead_s"}
+        missing = expected - set(data) - set(_OPTIONAL)
         if missing or set(data) - expected:
             raise ValueError(f"estimated_from: missing {sorted(missing)}, unknown "
                              f"{sorted(set(data) - expected)}")
@@ -150,7 +160,7 @@ def step_seconds(inputs: RooflineInputs, batch_size: float,
     memory = read / (inputs.memory_bandwidth_gb_s * GB * inputs.bandwidth_efficiency)
     compute = (batch_size / inputs.decode_compute_tokens_per_s
                + prefill_tokens / inputs.prefill_tokens_per_s)
-    return inputs.step_overhead_s + max(memory, compute)
+    return inputs.step_overhead_s + inputs.lora_step_factor * max(memory, compute)
 
 
 @dataclass(frozen=True)
@@ -207,7 +217,8 @@ def loop_state(inputs: RooflineInputs, batch_size: float) -> LoopState:
     # Prefill rides free in a memory-bound step only once a step: the engine can never finish
     # more requests than its compute allows (every prompt and output token at the roof).
     compute = (inputs.prefill_seconds + inputs.output_tokens / inputs.decode_compute_tokens_per_s)
-    request = max(request, batch_size * compute + steps * inputs.step_overhead_s)
+    request = max(request, batch_size * compute * inputs.lora_step_factor
+                  + steps * inputs.step_overhead_s)
     share = max(0.0, batch_size - 1) * prefill.extra_s / request
     return LoopState(decode_step_s=decode, prefill=prefill, request_s=request,
                      prefill_share=share, steps_after_first=after_first)

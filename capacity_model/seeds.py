@@ -14,9 +14,13 @@ on the same GPU, engine and latency model:
 * **30+-turn conversations within the SLA**: its own row (:mod:`capacity_model.conversations`).
 
 And the criteria the fleet decides (Seed 001's user stories 2 and 4): GPU utilisation on average
-during business hours (> 75 %: the served load over what the instances running at that hour
-sustain), the queue wait p99 at 100 requests a second (< 150 ms: the wait before a request's
-prefill starts — the step in progress and the other prefills ahead,
+during business hours (> 75 %), as the seed measures it — NVML's ``utilization.gpu``
+(``pynvml.nvmlDeviceGetUtilizationRates``, what nvidia-smi shows): the share of time a kernel
+runs, which on a continuously batching engine is the share of time at least one request is in
+flight (Poisson arrivals at ``L`` requests in flight on average: ``1 − e^−L``) — and, named
+differently, the plan's own *load over sustainable* (the served load over what the instances
+running at that hour sustain), the queue wait p99 at 100 requests a second (< 150 ms: the
+wait before a request's prefill starts — the step in progress and the other prefills ahead,
 :func:`capacity_model.roofline.queue_wait_seconds` — with the fleet scaled to carry 100/s), and
 the LLM instances at 2 AM JST (<= 2).
 
@@ -77,13 +81,16 @@ def seed_reading(name: str, capacity: InstanceCapacity, latency: LatencyModel,
 class FleetCriteria:
     """The seeds' fleet criteria for the planned fleet."""
 
-    business_utilisation: float
+    business_load_over_sustainable: float
+    """The plan's load over sustainable (not the seed's utilisation)."""
     night_instances: int
     night_invocations_per_min: float
     queue_instances: int
     queue_wait_p99_ms: float | None
     """None when the latency model is a measured profile (no queue in it) or 100/s is beyond
     the fleet's maximum."""
+    kernel_busy_share: float = math.nan
+    """Seed 001's GPU utilisation (nvidia-smi): the share of business hours a kernel runs."""
 
 
 def _clamped(fleet: FleetPlan, load: float, hour: float) -> int:
@@ -97,15 +104,17 @@ def _in_business(fleet: FleetPlan, hour: float) -> bool:
     return (start <= hour < end) if start < end else (hour >= start or hour < end)
 
 
-def fleet_criteria(fleet: FleetPlan, profile: DailyProfile,
-                   latency: LatencyModel) -> FleetCriteria:
+def fleet_criteria(fleet: FleetPlan, profile: DailyProfile, latency: LatencyModel,
+                   request_seconds: float = 0.0) -> FleetCriteria:
     """Utilisation in business hours (hour by hour: served load over what the instances the
     fleet runs then sustain), the fleet at 2 AM, and the queue wait at 100/s."""
     sustainable = fleet.per_instance_invocations_per_min
-    shares = []
+    shares, kernel = [], []
     for hour, load in enumerate(profile.hourly_invocations_per_min):
         if _in_business(fleet, hour):
-            shares.append(min(1.0, load / (_clamped(fleet, load, hour) * sustainable)))
+            instances = _clamped(fleet, load, hour)
+            shares.append(min(1.0, load / (instances * sustainable)))
+            kernel.append(1 - math.exp(-load / 60 / instances * request_seconds))
     night_load = profile.at(NIGHT_HOUR)
     per_min = QUEUE_RPS * 60
     instances = max(1, fleet.instances_for(per_min))
@@ -118,8 +127,9 @@ def fleet_criteria(fleet: FleetPlan, profile: DailyProfile,
             wait = 1000 * (0.99 * busy * state.mean_step_s + queue_wait_seconds(
                 state.prefill_share, state.prefill.extra_s, 0.99))
     return FleetCriteria(
-        business_utilisation=sum(shares) / len(shares) if shares else math.nan,
+        business_load_over_sustainable=sum(shares) / len(shares) if shares else math.nan,
         night_instances=_clamped(fleet, night_load, NIGHT_HOUR),
         night_invocations_per_min=night_load, queue_instances=instances,
-        queue_wait_p99_ms=wait)
+        queue_wait_p99_ms=wait,
+        kernel_busy_share=sum(kernel) / len(kernel) if kernel else math.nan)
 

@@ -63,7 +63,7 @@ def max_in_force_expression(fallback_max_capacity: int) -> str:
 def capacity_pinned_rule(*, max_capacity: int, minutes: int) -> AlarmRule:
     """Instances at the maximum *in force* for ``minutes``: autoscaling has nothing left to give.
 
-    The maximum moves during the day: 6 between 01:00 and 08:00 Tokyo in production, 20 by day,
+    The maximum moves during the day: 7 between 01:00 and 08:00 Tokyo in production, 30 by day,
     whatever a release pre-scale or a dated event sets. Application Auto Scaling publishes no
     metric of it, so the scaling-limits Lambda publishes what DescribeScalableTargets reports
     (``MaxCapacityInForce``) and the alarm compares the instance count with it; ``max_capacity``

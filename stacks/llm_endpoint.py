@@ -10,9 +10,12 @@ when its settings loaded (:class:`stacks.settings.EnvironmentPlans`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from constructs import Construct
 
 from capacity_model import LlmCapacity
+from capacity_model.routing_plan import prefix_length
 from serving_contract import format_adapters, format_locale_routes, format_routing
 from serving_contract.environment import (
     GATEWAY_ADAPTERS,
@@ -28,6 +31,7 @@ from serving_contract.environment import (
 )
 from stacks.artifact_layout import ADAPTERS_DIR
 from stacks.container_image import repo_image_asset
+from stacks.endpoint_routing import routing_choice
 from stacks.model_endpoint import EndpointPlacement, ModelEndpointConstruct, add_model_endpoint
 from stacks.settings import LlmEndpointSettings
 
@@ -111,6 +115,10 @@ class LlmEndpoint(ModelEndpointConstruct):
         capacity: LlmCapacity,
         placement: EndpointPlacement,
     ) -> None:
+        placement = replace(placement, routing=routing_choice(
+            settings.routing_strategy, sessions=settings.capacity.sessions,
+            prefix_length=prefix_length(capacity),
+            concurrency_threshold=capacity.instance.concurrency))
         super().__init__(scope, id_, placement=placement)
         self.capacity = capacity
         self.memory_plan = self.capacity.memory_plan

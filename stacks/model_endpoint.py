@@ -24,6 +24,7 @@ from constructs import Construct
 
 from gpu_budget import instance_type as catalog_instance
 from stacks.artifact_layout import ModelArtifact
+from stacks.endpoint_routing import LEAST_OUTSTANDING, RoutingChoice
 from stacks.model_role import ModelExecutionRole
 from stacks.network import ModelNetwork
 from stacks.settings import DeploymentSettings, HealthCheckSettings, guardrails_supported
@@ -71,6 +72,8 @@ class EndpointPlacement:
     network: ModelNetwork
     rollback_alarms: tuple[cloudwatch.IAlarm, ...]
     variant_name: str = "AllTraffic"
+    routing: RoutingChoice = LEAST_OUTSTANDING
+    """How SageMaker routes the variant's requests (stacks/endpoint_routing.py)."""
 
     @property
     def model_data(self) -> ModelData:
@@ -166,7 +169,7 @@ def add_model_endpoint(
         scope, model=model, variant_name=placement.variant_name, instance_type=instance_type,
         initial_instance_count=placement.initial_instance_count,
         inference_ami_version=inference_ami_version, health=health,
-        encryption_key=placement.encryption_key)
+        encryption_key=placement.encryption_key, routing=placement.routing)
     endpoint = _endpoint(scope, endpoint_name=endpoint_name, endpoint_config=endpoint_config,
                          deployment=deployment, rollback_alarms=rollback_alarms)
     return EndpointResources(execution_role, model, endpoint_config, endpoint)
@@ -211,8 +214,9 @@ def _model(scope: Construct, *, execution_role: ModelExecutionRole,
 def _endpoint_config(scope: Construct, *, model: sagemaker.CfnModel, variant_name: str,
                      instance_type: str, initial_instance_count: int,
                      inference_ami_version: str | None, health: HealthCheckSettings,
-                     encryption_key: kms.IKey) -> sagemaker.CfnEndpointConfig:
-    """One production variant of ``model``, routed to the least-busy instance."""
+                     encryption_key: kms.IKey,
+                     routing: RoutingChoice) -> sagemaker.CfnEndpointConfig:
+    """One production variant of ``model``, routed as ``routing`` says."""
     return sagemaker.CfnEndpointConfig(
         scope,
         "EndpointConfig",
@@ -233,12 +237,21 @@ def _endpoint_config(scope: Construct, *, model: sagemaker.CfnModel, variant_nam
                     health.container_startup_health_check_timeout_s
                 ),
                 model_data_download_timeout_in_seconds=health.model_data_download_timeout_s,
-                routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
-                    routing_strategy="LEAST_OUTSTANDING_REQUESTS"
-                ),
+                routing_config=_routing_config(routing),
             )
         ],
     )
+
+
+def _routing_config(routing: RoutingChoice) -> sagemaker.CfnEndpointConfig.RoutingConfigProperty:
+    """The variant's RoutingConfig (the prefix configuration only with PREFIX_AWARE)."""
+    prefix = None
+    if routing.strategy == "PREFIX_AWARE":
+        prefix = sagemaker.CfnEndpointConfig.PrefixAwareRoutingConfigProperty(
+            prefix_length=routing.prefix_length,
+            concurrency_threshold=routing.concurrency_threshold)
+    return sagemaker.CfnEndpointConfig.RoutingConfigProperty(
+        routing_strategy=routing.strategy, prefix_aware_routing_config=prefix)
 
 
 def _endpoint(scope: Construct, *, endpoint_name: str,

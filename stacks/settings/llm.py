@@ -267,6 +267,12 @@ class LlmEndpointSettings(StrictModel):
     )
     health: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
     deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
+    routing_strategy: Literal["least_outstanding", "prefix_aware"] = Field(
+        "least_outstanding", description="How SageMaker routes requests to instances: "
+        "least_outstanding (LEAST_OUTSTANDING_REQUESTS, with capacity.sessions pinning "
+        "conversations) or prefix_aware (PREFIX_AWARE: PrefixLength from the system prompt and "
+        "the conversation's start, ConcurrencyThreshold the plan's in-flight cap; needs "
+        "capacity.sessions false). docs/scaling.md#prefix-aware-routing weighs them.")
     context_window: ContextWindowSettings = Field(default_factory=ContextWindowSettings)
     capacity: LlmCapacitySettings
     scaling: ScalingSettings
@@ -331,6 +337,15 @@ class LlmEndpointSettings(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _routing_combines(self) -> LlmEndpointSettings:
+        if self.routing_strategy == "prefix_aware" and self.capacity.sessions:
+            raise ValueError("routing_strategy: 'prefix_aware' with capacity.sessions: true; "
+                             "accepted: prefix_aware with capacity.sessions false (AWS documents"
+                             " no routing of a stateful session's requests under PREFIX_AWARE)"
+                             ", or least_outstanding")
+        return self
+
+    @model_validator(mode="after")
     def _deployment_honoured(self) -> LlmEndpointSettings:
         problem = deployment_problem(self.deployment, instance_type=self.instance_type,
                                      min_capacity=self.scaling.min_capacity)
@@ -343,13 +358,16 @@ class LlmEndpointSettings(StrictModel):
         path = self.capacity.decode_speed_file
         return parse_decode_table((REPO_ROOT / path).read_text(encoding="utf-8"), source=path)
 
-    def capacity_plan(self, memory_plan: MemoryPlan | None = None) -> LlmCapacity:
+    def capacity_plan(self, memory_plan: MemoryPlan | None = None, *,
+                      what_if: dict[str, float] | None = None) -> LlmCapacity:
         """The capacity model's plan for these settings: per-instance capacity and caps, the
         fleet's targets and daily limits, the long-conversation options. ``memory_plan``: the
         GPU budget's plan of these settings when already made (default: :meth:`memory_plan`).
 
         The stacks never call it: they get the plan computed once when the settings load
-        (:class:`stacks.settings.plans.EnvironmentPlans`); tools and tests do."""
+        (:class:`stacks.settings.plans.EnvironmentPlans`); tools and tests do. ``what_if``
+        sets :class:`capacity_model.ReuseInputs` fields (``lora_step_factor``,
+        ``decode_compute_efficiency``) for the plan's range report."""
         if memory_plan is None:
             memory_plan = self.memory_plan()
         window = ContextWindow(**self.context_window.model_dump())
@@ -378,7 +396,10 @@ class LlmEndpointSettings(StrictModel):
             reuse=ReuseInputs(sessions=self.capacity.sessions,
                               think_time_s=conversation.think_time_s,
                               scenario=self.capacity.rates.scenario,
-                              prefill_factor=self.capacity.rates.prefill_factor),
+                              prefill_factor=self.capacity.rates.prefill_factor,
+                              lora_step_factor=(what_if or {}).get("lora_step_factor"),
+                              decode_compute_efficiency=(what_if or {}).get(
+                                  "decode_compute_efficiency")),
         )
 
     def memory_plan(self, *, kv_cache_dtype: str | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from capacity_model import parse_decode_table
+from capacity_model import LlmCapacity, parse_decode_table
 from capacity_model.decode_speed import DecodeTableError
 from capacity_model.rates import RateRange, RatesError
 from gpu_budget.model_spec import load_model_spec
@@ -95,3 +95,37 @@ def test_rates_round_trip_and_are_unique() -> None:
         parse_decode_table(json.dumps(document))
     with pytest.raises(DecodeTableError, match="no rates for NVIDIA L4 "):
         table.rates_for("NVIDIA L4", "llama-3-8b-instruct", "w4a16 int4 g128")
+
+
+def test_lora_and_decode_efficiency_have_their_own_ranges(prod: LlmCapacity) -> None:
+    """The table's A10G entry carries a LoRA step factor (>= 1, the pessimistic scenario at the
+    slow end) and a decode efficiency of its own; both enter the roofline's step."""
+    from capacity_model.latency import RequestShape, roofline_inputs
+    from capacity_model.roofline import step_seconds
+    capacity = prod
+    rates = capacity.rates
+    assert rates is not None and rates.lora_step_factor and rates.decode_compute_efficiency
+    assert rates.lora_factor("pessimistic") == rates.lora_step_factor.high > 1
+    assert rates.lora_factor("optimistic") == rates.lora_step_factor.low >= 1
+    assert (rates.decode_compute_tokens_per_s("pessimistic")
+            < rates.decode_compute_tokens_per_s("central"))
+    shape = RequestShape(900.0, 0.0, 190.0)
+    plan = capacity.memory_plan
+    with_lora = roofline_inputs(rates, "central", plan, shape, ttft_p99_over_p50=1.0,
+                                tpot_p99_over_p50=1.0)
+    without = roofline_inputs(rates, "central", plan, shape, ttft_p99_over_p50=1.0,
+                              tpot_p99_over_p50=1.0, lora_step_factor=1.0)
+    assert with_lora.lora_step_factor == rates.lora_factor("central")
+    assert step_seconds(with_lora, 40) == pytest.approx(
+        step_seconds(without, 40) * with_lora.lora_step_factor)
+
+
+def test_a_lora_factor_below_one_names_the_field() -> None:
+    import json
+
+    from capacity_model.rates import RatesError, parse_rates
+
+    entry = json.loads((REPO_ROOT / "config" / "decode_speed.json").read_text())["rates"][0]
+    entry["lora_step_factor"] = {"low": 0.9, "central": 1.1, "high": 1.2}
+    with pytest.raises(RatesError, match=r"lora_step_factor\.low: 0\.9"):
+        parse_rates(entry, "rates[0]")

@@ -22,16 +22,21 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from capacity_model import LlmCapacity
 from capacity_model.decode_speed import DecodeSpeedTable, DecodeTableError, parse_decode_table
 from capacity_model.pools import evaluate_pools, seed_002_options
+from capacity_model.price import PriceComparison
+from capacity_model.price_snapshot import parse_snapshot
 from capacity_model.rates import SCENARIOS
-from capacity_model.report import format_capacity, format_pools
+from capacity_model.report import format_capacity, format_pools, format_ranges, plan_price
 from capacity_model.roofline import RooflineInputs, estimate_profile
+from capacity_model.routing_plan import compare, format_comparison
 from gpu_budget import MemoryPlan
-from stacks.settings import REPO_ROOT, SettingsError, load_environment
+from stacks.settings import REPO_ROOT, Environment, SettingsError, load_environment
 from tools.capacity.arguments import batch_sizes_argument, positive
 
 PROG = "tools.capacity"
+PRICE_SNAPSHOT = REPO_ROOT / "config" / "prices.json"
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192)
 
 
@@ -53,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     pools.add_argument("--faster", default="ml.g6e.xlarge",
                        help="the larger GPU instance an option moves pools to (default: "
                        "%(default)s)")
+    routing = sub.add_parser("routing", help="least-outstanding + sessions against PREFIX_AWARE "
+                             "on the busiest hour and a release surge (docs/scaling.md)")
+    routing.add_argument("--env", required=True, help="environment (config/<env>.yaml)")
     estimate = sub.add_parser(
         "estimate", help="estimate a decode profile (roofline) for an environment's GPU and model")
     estimate.add_argument("--env", required=True)
@@ -70,11 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--cached-prompt-tokens", type=int, default=0,
                           help="prompt tokens the prefix cache serves (default: 0)")
     estimate.add_argument("--output-tokens", type=positive(int), required=True)
-    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=1.1,
+    estimate.add_argument("--ttft-p99-over-p50", type=positive(float), default=1.15,
                           help="first-token jitter of an unloaded engine (queueing adds its "
-                          "own tail; default: %(default)s, an assumption)")
-    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.05,
-                          help="per-token jitter of an unloaded engine (default: %(default)s)")
+                          "own tail; default: %(default)s, measured on vLLM's CPU build by "
+                          "benchmarks/capacity_check.py)")
+    estimate.add_argument("--tpot-p99-over-p50", type=positive(float), default=1.08,
+                          help="per-token jitter of an unloaded engine (default: %(default)s, "
+                          "measured likewise)")
     estimate.add_argument("--batch-sizes", type=batch_sizes_argument,
                           default=list(DEFAULT_BATCH_SIZES))
     estimate.add_argument("--write", action="store_true",
@@ -97,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  seed_002_options(settings.instance_type, args.faster))
         print(format_pools(options))
         return 0
+    if args.command == "routing":
+        print("\n".join(format_comparison(compare(capacity))))
+        return 0
     if args.command == "plan":
         if args.json:
             print(json.dumps({"instance": capacity.instance.to_dict(),
@@ -104,12 +117,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "gateway_environment": capacity.gateway_environment()},
                              indent=2, ensure_ascii=False))
         else:
-            print(format_capacity(capacity))
+            print(format_capacity(capacity, snapshot_price(capacity)))
+            print("\n".join(format_ranges(range_rows(environment))))
             print(cost_allocation_line(environment.settings.tags))
         return 0
     return _estimate(args, settings.capacity.decode_speed_file,
                      settings.memory_plan(kv_cache_dtype=args.kv_cache_dtype,
                                           instance=args.instance))
+
+
+def snapshot_price(capacity: LlmCapacity) -> PriceComparison | None:
+    """The plan priced at ``config/prices.json``'s rate for its instance, when the snapshot
+    holds one (None: the catalog's derived rate, which the report names)."""
+    snapshot = parse_snapshot(json.loads(PRICE_SNAPSHOT.read_text(encoding="utf-8")))
+    rate = snapshot.rate_of(capacity.memory_plan.instance_type)
+    return None if rate is None else plan_price(capacity, rate, snapshot.basis())
+
+
+def range_rows(environment: Environment) -> list[tuple[str, LlmCapacity]]:
+    """The plan re-derived at each end of the LoRA factor's and the decode efficiency's ranges
+    (the table's rates for the plan's GPU; empty when it has none)."""
+    settings = environment.settings.llm
+    capacity = environment.plans.llm_capacity
+    rates = capacity.rates
+    if rates is None:
+        return []
+    scenario = settings.capacity.rates.scenario
+    rows: list[tuple[str, LlmCapacity]] = [("as planned", capacity)]
+    if rates.lora_step_factor is not None and capacity.memory_plan.max_loras > 0:
+        for end, value in (("low", rates.lora_step_factor.low),
+                           ("high", rates.lora_step_factor.high)):
+            rows.append((f"LoRA step × {value:g} ({end})",
+                         settings.capacity_plan(capacity.memory_plan,
+                                                what_if={"lora_step_factor": value})))
+    efficiency = rates.decode_compute_efficiency or rates.compute_efficiency
+    for end, value in (("low", efficiency.low), ("high", efficiency.high)):
+        if value != efficiency.pick(scenario):
+            rows.append((f"decode efficiency {value:g} ({end})",
+                         settings.capacity_plan(capacity.memory_plan,
+                                                what_if={"decode_compute_efficiency": value})))
+    return rows
 
 
 def cost_allocation_line(tags: dict[str, str]) -> str:

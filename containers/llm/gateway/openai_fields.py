@@ -84,7 +84,8 @@ FIELDS: tuple[FieldSupport, ...] = (
                  "cannot compile is a 400"),
     FieldSupport("stream", "both", "accepted", "Server-Sent Events"),
     FieldSupport("stream_options", "both", "accepted", "`include_usage`"),
-    FieldSupport("user", "both", "accepted", "logged, not used"),
+    FieldSupport("user", "both", "accepted",
+                 "accepted and ignored: neither logged nor passed to the engine"),
     FieldSupport("mangaassist", "both", "accepted",
                  "MangaAssist's own fields: intent, locale, pinned_messages, rag_context"),
     # --- refused: tools and multimodal ---------------------------------------------------------

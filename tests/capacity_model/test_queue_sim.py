@@ -1,0 +1,115 @@
+"""The simulated tail (capacity_model/queue_sim.py): it reproduces what can be computed by hand,
+it grows with the batch and the long prompts, and the plan's in-flight cap is the smaller of
+the KV pool's and the simulated SLO's batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity_model import LlmCapacity
+from capacity_model.queue_sim import (
+    RequestClass,
+    SimulationError,
+    quantile,
+    simulate,
+    slo_limit,
+)
+from capacity_model.roofline import RooflineInputs, step_seconds
+
+
+def _inputs(**overrides: float) -> RooflineInputs:
+    values = {"weights_bytes": 5e9, "kv_bytes_per_token": 131072.0,
+              "memory_bandwidth_gb_s": 600.0, "bandwidth_efficiency": 0.8,
+              "prefill_tokens_per_s": 3600.0, "decode_compute_tokens_per_s": 3400.0,
+              "prompt_tokens": 600.0, "cached_prompt_tokens": 0.0, "output_tokens": 100.0,
+              "ttft_p99_over_p50": 1.0, "tpot_p99_over_p50": 1.0,
+              "max_num_batched_tokens": 2048.0}
+    values.update(overrides)
+    return RooflineInputs(**values)
+
+
+def test_one_request_alone_is_its_own_prefill_and_decode_steps() -> None:
+    """Batch 1, no jitter: the first token is the prefill step (the arrival lands a uniform
+    share into the step before, so the wait is under one step), every token after it one
+    decode step."""
+    inputs = _inputs()
+    result = simulate(inputs, [RequestClass("M", 1.0, 600, 50, spread=0.0)], 1, requests=200)
+    prefill = step_seconds(inputs, 0, 600)
+    decode = step_seconds(inputs, 1)
+    assert result.tpot.p50_ms == pytest.approx(1000 * decode, abs=0.05)
+    assert 1000 * prefill <= result.ttft.p50_ms <= 1000 * (prefill + decode)
+
+
+def test_long_prompts_wait_longer_and_the_tail_grows_with_the_batch() -> None:
+    inputs = _inputs()
+    mix = [RequestClass("S", 0.85, 100, 100), RequestClass("XL", 0.15, 2500, 100)]
+    small, large = (simulate(inputs, mix, size, requests=2000) for size in (8, 48))
+    assert small.ttft_of("XL").p99_ms > small.ttft_of("S").p99_ms
+    assert large.ttft.p99_ms > small.ttft.p99_ms
+    assert large.tpot.p50_ms > small.tpot.p50_ms
+    assert large.throughput_per_min > small.throughput_per_min
+
+
+def test_the_mean_prompt_hides_the_tail_of_the_real_mix() -> None:
+    """The same mean prompt as one bucket or as short and long ones: the mix's own sizes
+    give the longer first-token p99 (what issue 39 found the closed form missed)."""
+    inputs = _inputs()
+    mean = [RequestClass("M", 1.0, 600, 100)]
+    real = [RequestClass("S", 0.8, 150, 100), RequestClass("XL", 0.2, 2400, 100)]
+    assert (simulate(inputs, real, 32, requests=2000).ttft.p99_ms
+            > simulate(inputs, mean, 32, requests=2000).ttft.p99_ms)
+
+
+def test_jitter_sets_the_unloaded_ratio() -> None:
+    inputs = _inputs(tpot_p99_over_p50=1.3)
+    result = simulate(inputs, [RequestClass("M", 1.0, 300, 60, spread=0.0)], 1, requests=3000)
+    assert result.tpot.p99_ms / result.tpot.p50_ms == pytest.approx(1.3, rel=0.08)
+
+
+def test_slo_limit_is_the_largest_batch_that_meets_both_slos() -> None:
+    inputs = _inputs()
+    mix = [RequestClass("S", 0.85, 100, 100), RequestClass("XL", 0.15, 2500, 100)]
+    limit, run = slo_limit(inputs, mix, ttft_p99_ms=900, tpot_p99_ms=1000, max_batch=64,
+                           requests=1500)
+    assert 1 <= limit < 64 and run.batch_size == limit
+    assert run.ttft.p99_ms <= 900
+    assert simulate(inputs, mix, limit + 1, requests=1500).ttft.p99_ms > 900
+    nothing, _ = slo_limit(inputs, mix, ttft_p99_ms=1, tpot_p99_ms=1000, max_batch=64,
+                           requests=500)
+    assert nothing == 0
+
+
+def test_bad_inputs_name_the_field() -> None:
+    with pytest.raises(SimulationError, match="share"):
+        RequestClass("S", 0.0, 100, 10)
+    with pytest.raises(SimulationError, match="batch_size"):
+        simulate(_inputs(), [RequestClass("S", 1.0, 100, 10)], 0)
+    with pytest.raises(SimulationError, match="spread"):
+        RequestClass("S", 1.0, 100, 10, spread=1.0)
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_identical_requests_move_in_waves_unless_answers_vary() -> None:
+    """A closed loop of one request shape with every answer alike keeps its arrivals in
+    lock-step (a wave of prefills every answer-length): the spread breaks the waves, keeps the
+    throughput and shortens the first token's wait."""
+    inputs = _inputs()
+    varied = simulate(inputs, [RequestClass("M", 1.0, 400, 70)], 48, requests=3000)
+    alike = simulate(inputs, [RequestClass("M", 1.0, 400, 70, spread=0.0)], 48, requests=3000)
+    assert varied.throughput_per_min == pytest.approx(alike.throughput_per_min, rel=0.1)
+    assert varied.ttft.p50_ms < alike.ttft.p50_ms
+
+
+def test_the_plans_cap_is_the_smaller_of_kv_pool_and_simulated_slo(prod: LlmCapacity) -> None:
+    instance = prod.instance
+    assert instance.concurrency == min(instance.kv_limit, instance.max_num_seqs,
+                                       instance.slo_limit)
+    assert instance.tail_source.startswith("simulated")
+    assert instance.time_to_first_token_p99_ms <= prod.slo.time_to_first_token_p99_ms
+    assert instance.time_per_output_token_p99_ms <= prod.slo.time_per_output_token_p99_ms
+    buckets = {b.bucket: b for b in instance.bucket_latency}
+    assert set(buckets) == {"S", "M", "L", "XL"}
+    assert all(b.time_to_first_token_p50_ms <= b.time_to_first_token_p99_ms
+               for b in buckets.values())
+    assert buckets["XL"].time_to_first_token_p50_ms == max(
+        b.time_to_first_token_p50_ms for b in buckets.values())
