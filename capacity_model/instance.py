@@ -29,6 +29,7 @@ Pure module.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -153,7 +154,13 @@ def _limited_by(limits: dict[str, int]) -> str:
 
 def mixture_quantile(latencies: Sequence[tuple[float, Latency]], quantile: float = 0.99) -> float:
     """The ``quantile`` of all requests' TTFT when each bucket (share, its p50 and p99) is
-    log-normal: what the SLO alarm, a p99 over every request, sees."""
+    log-normal: what the SLO alarm, a p99 over every request, sees. (Remembered per process: a
+    plan asks for the same mixtures while it re-solves its reuse, and again at each load.)"""
+    return _mixture_quantile(tuple(latencies), quantile)
+
+
+@functools.lru_cache(maxsize=65536)
+def _mixture_quantile(latencies: tuple[tuple[float, Latency], ...], quantile: float) -> float:
     spread = [(share, math.log(lat.p50_ms), max(math.log(lat.p99_ms / lat.p50_ms) / Z99, 1e-9))
               for share, lat in latencies if share > 0]
     total = sum(share for share, _, _ in spread)
@@ -176,7 +183,21 @@ def slo_limit(latency: LatencyModel, slo: LatencySlo, *,
               uncached_tokens: dict[str, float], shares: dict[str, float]) -> int:
     """The largest batch whose TPOT p99 and TTFT p99 over all requests (the buckets' typical
     requests, ``uncached_tokens`` to prefill each, mixed by ``shares``) meet ``slo``.
-    CapacityError when even one request misses it."""
+    CapacityError when even one request misses it. (Remembered per process, as the simulation
+    is: a plan asks again for the same reuse at every environment load.)"""
+    uncached_items, share_items = tuple(uncached_tokens.items()), tuple(shares.items())
+    try:
+        hash(latency)
+    except TypeError:  # a measured profile that names its sources in a dict: not remembered
+        return _slo_limit.__wrapped__(latency, slo, uncached_items, share_items)
+    return _slo_limit(latency, slo, uncached_items, share_items)
+
+
+@functools.lru_cache(maxsize=4096)
+def _slo_limit(latency: LatencyModel, slo: LatencySlo,
+               uncached_items: tuple[tuple[str, float], ...],
+               share_items: tuple[tuple[str, float], ...]) -> int:
+    uncached_tokens, shares = dict(uncached_items), dict(share_items)
     best = 0
     for size in range(1, latency.max_batch_size + 1):
         point = latency.at(size)

@@ -58,6 +58,11 @@ class LatencyModel(Protocol):
         """TTFT of a request that prefills ``uncached_tokens`` in that batch."""
         ...
 
+    def __hash__(self) -> int:
+        """Frozen dataclasses hash by value, so the SLO limit is remembered by the model (a
+        measured profile whose sources are a dict raises TypeError and is not remembered)."""
+        ...
+
 
 @dataclass(frozen=True)
 class MeasuredLatency:

@@ -247,15 +247,14 @@ def test_a_night_surge_at_the_night_ceiling_pages_although_the_registered_max_is
 def test_a_night_release_runs_above_the_night_maximum_without_paging(
     synthesized: Any, release_calendar: Path
 ) -> None:
-    ceiling = night_ceiling()
+    ceiling, maximum = night_ceiling(), registered_max()
     run = replay(synthesized, "Prod", "llm", "release-day", release_calendar)
     window = [(s, state) for s, state in zip(run.samples, run.states, strict=True)
               if dt.time(1, 45) <= s.start.astimezone(JST).time() < dt.time(5, 0)]
     # The calendar Lambda's dated pre-scale is in force at night: a floor above the off-peak
     # ceiling and the target's own maximum. A "ceiling between 01:00 and 08:00" rule
     # (metric math on the time of day) would page all through the release.
-    assert all(s.min_capacity > ceiling and s.max_capacity == registered_max()
-               for s, _ in window)
+    assert all(s.min_capacity > ceiling and s.max_capacity == maximum for s, _ in window)
     assert min(s.in_service for s, _ in window) > ceiling
     assert all(state == "OK" for _, state in window)
     # The restore at 05:00 puts the off-peak range back while readers are still there: pinned
