@@ -85,6 +85,7 @@ def test_the_cpu_backends_block_sizes_are_the_adapters(vllm_python: Path) -> Non
     assert result.stdout.strip().splitlines()[-1] == f"[{BLOCK_SIZE_MULTIPLE['cpu']}]"
 
 
+@pytest.mark.budget(reason="the retry it tests: two real engine-core starts, each failing after vLLM's import, 3 s apart (50 s on the quiet machine)")
 def test_a_retried_start_shows_the_last_error_in_ping_then_gives_up(servers: Servers) -> None:
     """A KV pool larger than the machine's memory fails inside vLLM's engine core: the gateway
     cannot tell that from a passing fault, so it retries, says why on /ping, and exits 3 after

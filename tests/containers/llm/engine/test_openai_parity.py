@@ -135,6 +135,7 @@ def user(content: Any) -> list[dict[str, Any]]:
             {"role": "user", "content": content}]
 
 
+@pytest.mark.budget(reason="the run's shared gateway + vLLM server pair (engine_pair: two engines) starts in its setup (50 s on the quiet machine)")
 def test_text_parts_render_the_prompt_vllm_renders(pair: tuple[ServerProcess, ServerProcess]
                                                    ) -> None:
     parts = [{"type": "text", "text": "I liked Berserk."}, {"type": "text", "text": QUESTION}]
@@ -312,6 +313,7 @@ ADAPTER_ENGINE = EngineConfig(max_loras=3)
 LoRA slots; with ENGINE's two, vLLM's scheduler runs at most two of the three at once."""
 
 
+@pytest.mark.budget(reason="starts its own gateway with three LoRA slots (an engine start) and runs 12 requests alone and in one batch on both servers (40 s on the quiet machine)")
 def test_adapters_stay_apart_in_a_mixed_batch(servers: Servers,
                                               pair: tuple[ServerProcess, ServerProcess]
                                               ) -> None:
