@@ -104,7 +104,7 @@ setup: $(VENV)/.installed node_modules/.installed ## create .venv and install th
 bootstrap: setup ## bootstrap ENV's account and region for the CDK (once per account and region; AWS credentials)
 	$(CDK) bootstrap aws://$$($(PY) -c 'from stacks.settings import load_settings; s = load_settings("$(ENV)"); print(f"{s.account}/{s.region}")')
 
-synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates ## about 2.5 min
+synth: setup $(CHECKOV_VENV)/.installed ## synthesize every environment offline (cdk-nag, Control Tower's cfn-guard rules, cfn-lint, checkov), print the templates ## about 2 min
 	rm -rf cdk.out
 	$(CDK) synth --quiet
 	$(PY) -m checks.validation_summary cdk.out > cdk.out/validation-summary.txt \
@@ -181,7 +181,7 @@ typecheck: setup ## mypy on the application code, the operator commands, the che
 # pytest runs on PYTEST_WORKERS xdist workers, a module at a time; the real-engine tier stays together.
 PYTEST_WORKERS ?= 2
 TEST_BUDGET_S ?= 60
-test: ## ruff, mypy and the whole test suite (real-engine tier included) on two workers; prints its duration and the ten slowest tests ## about 12 min; a fresh clone's first run sets up the five environments before, about 3 min more
+test: ## ruff, mypy and the whole test suite (real-engine tier included) on two workers; prints its duration and the ten slowest tests ## about 11 min; a fresh clone's first run, set-up included, about 13 min
 	@start=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory test-steps || status=$$?; \
 	elapsed=$$(( $$(date +%s) - start )); \

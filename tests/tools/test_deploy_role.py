@@ -223,6 +223,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
                 pytest.fail("the CDK CLI wrote cdk.context.json (a lookup): restored it")
 
 
+@pytest.mark.budget(reason="the module's recorded fixture runs the README's deploy sequence in its setup: make deploy, make publish, make preflight, make deploy against moto, each make deploy a synthesis through the CDK CLI (38-45 s on the quiet machine)")
 def test_the_readme_first_deploy_runs_as_the_deploy_role(recorded: Recorded) -> None:
     first = recorded.runs["deploy (nothing published)"]
     assert first.returncode != 0
