@@ -26,7 +26,7 @@ Pure module: standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 RoutingStrategyName = Literal["least_outstanding", "prefix_aware"]
 ROUTING_STRATEGIES: tuple[str, ...] = ("least_outstanding", "prefix_aware")
@@ -42,15 +42,7 @@ class RoutingChoice:
     strategy: str
     prefix_length: int | None = None
     concurrency_threshold: int | None = None
-
-    def as_cfn(self) -> dict[str, Any]:
-        """The ``RoutingConfig`` property as CloudFormation takes it."""
-        config: dict[str, Any] = {"RoutingStrategy": self.strategy}
-        if self.strategy == "PREFIX_AWARE":
-            config["PrefixAwareRoutingConfig"] = {
-                "PrefixLength": self.prefix_length,
-                "ConcurrencyThreshold": self.concurrency_threshold}
-        return config
+    """(stacks.model_endpoint builds the CloudFormation property from these fields.)"""
 
 
 LEAST_OUTSTANDING = RoutingChoice("LEAST_OUTSTANDING_REQUESTS")

@@ -12,6 +12,7 @@ from capacity_model import LlmCapacity
 from capacity_model.routing import Conversations, Outcome, Policy, RoutingError, Window, route
 from capacity_model.routing_plan import prefix_length, winner
 from stacks.endpoint_routing import LEAST_OUTSTANDING, routing_choice
+from stacks.model_endpoint import _routing_config
 from stacks.settings import REPO_ROOT, SettingsError, parse_settings
 
 TALK = Conversations(turns=10, think_time_s=20.0, request_s=5.0, new_tokens_per_turn=300.0,
@@ -78,9 +79,13 @@ def test_aws_rules_name_the_field_value_and_what_is_accepted() -> None:
                           concurrency_threshold=0) == LEAST_OUTSTANDING
     choice = routing_choice("prefix_aware", sessions=False, prefix_length=2448,
                             concurrency_threshold=39)
-    assert choice.as_cfn() == {"RoutingStrategy": "PREFIX_AWARE", "PrefixAwareRoutingConfig": {
-        "PrefixLength": 2448, "ConcurrencyThreshold": 39}}
-    assert LEAST_OUTSTANDING.as_cfn() == {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+    prefix_aware = _routing_config(choice)
+    assert prefix_aware.routing_strategy == "PREFIX_AWARE"
+    assert (prefix_aware.prefix_aware_routing_config.prefix_length,
+            prefix_aware.prefix_aware_routing_config.concurrency_threshold) == (2448, 39)
+    least = _routing_config(LEAST_OUTSTANDING)
+    assert (least.routing_strategy, least.prefix_aware_routing_config) == (
+        "LEAST_OUTSTANDING_REQUESTS", None)
     for kwargs, message in (
             ({"sessions": True, "prefix_length": 2448, "concurrency_threshold": 39},
              "llm.capacity.sessions: true"),
