@@ -39,6 +39,11 @@ from gateway.tokenizer import ChatTokenizer, ModelDirError
 EXIT_BAD_CONFIG = 2
 EXIT_ENGINE_FAILED = 3
 KEEP_ALIVE_S = 75
+# The request line and headers h11 buffers before it has seen their end: h11's own default
+# (16 KiB) made a large head a race, accepted when it arrived in one read and refused (400, then
+# a closed socket the client reads as a reset) when the network split it. A head up to this size
+# is accepted however it arrives (docs/gateway.md, "Bodies, headers and connections").
+MAX_HEAD_BYTES = 128 * 1024
 """Idle keep-alive connections live longer than the usual 60 s idle timeout of the client side
 (load balancers, SageMaker's front end, connection pools), so the server is never the one that
 closes a connection the client is about to reuse (that race surfaces as a reset request)."""
@@ -147,7 +152,7 @@ def run(argv: Sequence[str] | None = None,
                      on_fatal=on_fatal)
     config = uvicorn.Config(
         app, host=args.host, port=port, log_level=args.log_level, access_log=False,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         timeout_graceful_shutdown=math.ceil(settings.gateway.drain_timeout_s),
         lifespan="on",
     )
