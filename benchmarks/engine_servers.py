@@ -56,13 +56,15 @@ def tiny_model(**options: Any) -> Path:
 
 
 def start_server(kind: str, served: Served, engine: EngineConfig, log_dir: Path, *,
-                 name: str | None = None, env: Mapping[str, str] | None = None) -> ServerProcess:
-    """``kind`` "vllm": vLLM's own OpenAI server; otherwise the gateway, with ``env`` on top of
-    its GATEWAY_/ENGINE_ variables. Started on a free port and waited for until healthy."""
+                 name: str | None = None, env: Mapping[str, str] | None = None,
+                 extra: Sequence[str] = ()) -> ServerProcess:
+    """``kind`` "vllm": vLLM's own OpenAI server (``extra``: more of its own flags, e.g.
+    ``--max-num-queued-tokens 3000``); otherwise the gateway, with ``env`` on top of its
+    GATEWAY_/ENGINE_ variables. Started on a free port and waited for until healthy."""
     port = free_port()
     if kind == "vllm":
-        server = ServerProcess(vllm_server_command(served, engine, port=port), port=port,
-                               log_dir=log_dir, name=name or kind, env={})
+        server = ServerProcess(vllm_server_command(served, engine, port=port, extra=extra),
+                               port=port, log_dir=log_dir, name=name or kind, env={})
         server.wait_healthy("/health", timeout_s=STARTUP_TIMEOUT_S)
         return server
     server = ServerProcess(gateway_command(port=port), port=port, log_dir=log_dir,
@@ -73,18 +75,23 @@ def start_server(kind: str, served: Served, engine: EngineConfig, log_dir: Path,
 
 @contextmanager
 def running(names: Sequence[str], served: Served, engine: EngineConfig, *, log_prefix: str,
-            env: Mapping[str, Mapping[str, str]] | None = None
+            env: Mapping[str, Mapping[str, str]] | None = None,
+            extra: Mapping[str, Sequence[str]] | None = None
             ) -> Iterator[dict[str, ServerProcess]]:
     """Each named server started in turn (the name is :func:`start_server`'s kind, ``env[name]``
-    its extra variables) and announced on stderr, logs in a temporary folder; every one started
-    is stopped on leaving, also when a later one fails to start."""
+    its extra variables; a name in ``extra`` is vLLM's server with ``extra[name]``, its own
+    flags) and announced on stderr, logs in a temporary folder; every one started is stopped on
+    leaving, also when a later one fails to start."""
+    extra = extra or {}
     with tempfile.TemporaryDirectory(prefix=log_prefix) as log_dir:
         servers: dict[str, ServerProcess] = {}
         try:
             for name in names:
                 print(f"starting {name} ...", file=sys.stderr, flush=True)
-                servers[name] = start_server(name, served, engine, Path(log_dir),
-                                             env=(env or {}).get(name))
+                kind = "vllm" if name in extra else name
+                servers[name] = start_server(kind, served, engine, Path(log_dir), name=name,
+                                             env=(env or {}).get(name),
+                                             extra=extra.get(name, ()))
             yield servers
         finally:
             for server in servers.values():

@@ -17,7 +17,7 @@ Three limits bound how many requests one engine should hold at once, and the sma
 Per bucket, the KV limit is taken at the bucket's *largest* request (a bucket full of its
 biggest requests must fit), bounded by ``max_num_seqs``: those are the gateway's per-bucket
 concurrency caps (``GATEWAY_BUCKET_CAPS``). The latency SLO is not in them: the gateway's
-admission forecasts each request's first token and refuses what would miss
+admission refuses on arrival what would start after
 ``GATEWAY_TTFT_SLO_S`` (docs/design-decisions.md#ttft-admission), so a cap at the mix's SLO-bound
 batch would only turn away short requests the engine could serve in time. For the mix, the
 limit is the smallest of the three; at the resulting concurrency ``N`` a request lasts ``TTFT +

@@ -230,7 +230,7 @@ class LlmCapacity:
             GATEWAY_ADMISSION_WATERMARK: f"{self.instance.admission_watermark:g}",
             GATEWAY_CONTEXT_SPLIT: self.window.as_env(),
             GATEWAY_CONTEXT_STEP_TURNS: str(self.window.step_turns),
-            # Admission serves what its first-token forecast puts within the TTFT SLO.
+            # Admission serves what it can start within the TTFT SLO (the prefill valve).
             GATEWAY_TTFT_SLO_S: f"{self.slo.time_to_first_token_p99_ms / 1000:g}",
         }
         if self.reuse.sessions:

@@ -17,9 +17,11 @@ from request_buckets import BUCKET_NAMES, BucketBounds
 
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    """KV blocks a sequence of ``tokens`` occupies: paged allocation rounds up to whole blocks."""
-    if tokens <= 0:
-        return 0
+    """KV blocks a sequence of ``tokens`` occupies: paged allocation rounds up to whole blocks
+    (0 tokens: 0 blocks). The one rule, for the budget and the gateway's admission alike;
+    ValueError for negative tokens or a block size below 1."""
+    if tokens < 0 or block_size < 1:
+        raise ValueError(f"tokens must be >= 0 and block_size >= 1, got {tokens}, {block_size}")
     return -(-tokens // block_size)
 
 

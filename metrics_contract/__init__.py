@@ -105,11 +105,12 @@ ADMISSION_REJECTIONS = MetricSpec(
     "Requests shed by KV-aware admission (429/503 with Retry-After), per request bucket.",
     Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"),
     dimension_values=(("Bucket", BUCKET_NAMES),))
-FORECAST_REFUSALS_WHILE_IDLE = MetricSpec(
-    "ForecastRefusalsWhileIdle", Unit.COUNT,
+REFUSALS_WHILE_IDLE = MetricSpec(
+    "RefusalsWhileIdle", Unit.COUNT,
     "Requests refused with 429 ttft_slo while the engine was nearly idle (nothing queued, at "
-    "most a tenth of ENGINE_MAX_NUM_SEQS running): the first-token forecast, not the load, "
-    "turned them away (docs/design-decisions.md#forecast-lock-out).",
+    "most a tenth of ENGINE_MAX_NUM_SEQS running): the prefill valve's measured rate, not the "
+    "load, turned them away; a lock-out when it lasts "
+    "(docs/design-decisions.md#admission-lock-out).",
     Emitter.GATEWAY)
 SESSIONS_OPENED = MetricSpec(
     "SessionsOpened", Unit.COUNT,

@@ -201,13 +201,14 @@ GATEWAY_SETTINGS: tuple[SettingSpec, ...] = (
                 "follows vLLM's rule on the whole pool.",
                 bounds=Bounds(0.0, 1.0, low_open=True)),
     SettingSpec(GATEWAY_TTFT_SLO_S, "2.0",
-                "The time-to-first-token SLO admission serves within: a request whose forecast "
-                "first token would come later is refused at once with 429 and a Retry-After "
-                "(docs/design-decisions.md#ttft-admission).",
+                "The time-to-first-token SLO admission serves within: the prefill valve refuses "
+                "at once, with 429 and a Retry-After, a request that would wait behind more "
+                "prompt tokens than the engine drains in half of it "
+                "(docs/design-decisions.md#surge-admission).",
                 bounds=Bounds(0.05, 59.0)),
     SettingSpec(GATEWAY_ADMISSION_WAIT_S, "10",
-                "Safety net: an admitted request still queued after this long (its forecast was "
-                "wrong) gets 429 instead of waiting on.",
+                "Safety net: an admitted request still queued after this long (the engine slowed "
+                "down sharply) gets 429 instead of waiting on.",
                 bounds=Bounds(0.0, 59.0)),
     SettingSpec(GATEWAY_RETRY_AFTER_S, "2", "Retry-After (seconds) on 429/503 answers.",
                 bounds=Bounds(1, 3600)),

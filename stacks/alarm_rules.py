@@ -33,10 +33,10 @@ ROLLBACK_RULES: tuple[str, ...] = (
 
 INTENT_ROLLBACK_RULES: tuple[str, ...] = ("invocation-5xx", "model-latency-p99")
 
-FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN = 3
-"""Refusals by forecast on a nearly idle engine that page: the probes (one a second) correct a
-wrong forecast within seconds (docs/design-decisions.md#forecast-lock-out), so three in five
-minutes means it keeps going wrong."""
+LOCK_OUT_MINUTES = 3
+"""Consecutive minutes, each with a refusal on a nearly idle engine, that page as a lock-out. The
+prefill valve heals a wrong rate within 15 s (docs/design-decisions.md#admission-lock-out), so
+a healing episode touches at most two minutes; a third in a row means it is not healing."""
 
 INSTANCE_COUNT_EXPRESSION = "IF(perinstance > 0, invocations / perinstance, 0)"
 """SageMaker publishes no instance count for a variant; Invocations ÷ InvocationsPerInstance
@@ -284,20 +284,21 @@ def engine_health_rules(settings: EndpointAlarmSettings) -> list[AlarmRule]:
             runbook="breaker-open.md",
         ),
         AlarmRule(
-            name="forecast-refusals-while-idle",
-            metric=mc.FORECAST_REFUSALS_WHILE_IDLE,
+            name="admission-lock-out",
+            metric=mc.REFUSALS_WHILE_IDLE,
             statistic="Sum",
-            threshold=FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN,
+            threshold=1,
             comparison=GTE,
-            period_s=300,
-            evaluation_periods=1,
-            datapoints_to_alarm=1,
+            period_s=60,
+            evaluation_periods=LOCK_OUT_MINUTES,
+            datapoints_to_alarm=LOCK_OUT_MINUTES,
             missing_data=NOT_BREACHING,  # emitted only when such a refusal happens
             severity="page",
-            meaning=f"The gateway refused {FORECAST_REFUSALS_WHILE_IDLE_PER_5_MIN} or more "
-            "requests in 5 minutes with 429 ttft_slo while its engine was nearly idle: a healthy "
-            "instance turning users away because its first-token forecast is wrong.",
-            runbook="forecast-lock-out.md",
+            meaning=f"The gateway refused requests with 429 ttft_slo while its engine was nearly "
+            f"idle in each of {LOCK_OUT_MINUTES} consecutive minutes: a healthy instance "
+            "turning users away because its prefill valve's measured rate is wrong and not "
+            "healing (a healing episode lasts seconds).",
+            runbook="admission-lock-out.md",
         ),
         AlarmRule(
             name="engine-restarts",

@@ -65,6 +65,9 @@ def test_paged_rounding_to_whole_blocks() -> None:
     assert blocks_for_tokens(4096, 16) == 256
     assert blocks_for_tokens(4097, 16) == 257
     assert blocks_for_tokens(100, 32) == 4
+    for tokens, block_size in ((-1, 16), (16, 0)):  # one rule, the gateway's admission's too
+        with pytest.raises(ValueError, match="tokens must be >= 0 and block_size >= 1"):
+            blocks_for_tokens(tokens, block_size)
 
 
 # ----------------------------------------------------------------------------- weights

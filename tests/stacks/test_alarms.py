@@ -9,6 +9,9 @@ import pytest
 
 import metrics_contract as mc
 from stacks.alarm_rules import (
+    GTE,
+    LOCK_OUT_MINUTES,
+    NOT_BREACHING,
     ROLLBACK_RULES,
     calendar_lambda_rules,
     intent_alarm_rules,
@@ -302,3 +305,35 @@ def test_contract_metric_refuses_a_spec_outside_the_contract() -> None:
     with pytest.raises(ValueError, match="differs from the contract"):
         contract_metric(dataclasses.replace(mc.FALLBACKS, unit=mc.Unit.PERCENT), dims,
                         statistic="Sum", period=cdk.Duration.minutes(1))
+
+
+def alarm_fires(rule: AlarmRule, event_times_s: list[float], *, span_s: float) -> bool:
+    """CloudWatch's M-of-N evaluation of a Sum ≥ threshold rule on events at ``event_times_s``:
+    ``period_s`` buckets, missing periods not breaching (the rule's treatment), ALARM when any
+    ``evaluation_periods`` consecutive periods hold ``datapoints_to_alarm`` breaching ones."""
+    assert rule.statistic == "Sum" and rule.comparison is GTE
+    assert rule.missing_data is NOT_BREACHING
+    periods = int(span_s // rule.period_s) + 1
+    sums = [0] * periods
+    for moment in event_times_s:
+        sums[int(moment // rule.period_s)] += 1
+    breaching = [total >= rule.threshold for total in sums]
+    return any(sum(breaching[start:start + rule.evaluation_periods]) >= rule.datapoints_to_alarm
+               for start in range(periods))
+
+
+def test_the_lock_out_alarm_pages_a_lock_out_not_a_healing_episode() -> None:
+    """A self-healing episode (refusals on a nearly idle engine four a second for the 15 s the
+    valve is tested to heal within, placed across a minute boundary, twice an hour) never pages;
+    one refusal a minute for three minutes does (docs/design-decisions.md#admission-lock-out)."""
+    from tests.containers.llm.test_admission_healing import HEAL_LIMIT_S
+
+    rule = next(rule for rule in all_rules() if rule.name == "admission-lock-out")
+    assert rule.metric is mc.REFUSALS_WHILE_IDLE and rule.severity == "page"
+    for start in (0.0, 52.0, 59.9, 1800.0 + 45.0):
+        episode = [start + index / 4 for index in range(int(HEAL_LIMIT_S * 4))]
+        assert not alarm_fires(rule, episode, span_s=3600), start
+    two_episodes = [52.0 + i / 4 for i in range(60)] + [300.0 + i / 4 for i in range(60)]
+    assert not alarm_fires(rule, two_episodes, span_s=3600)  # healed twice, minutes apart
+    lock_out = [30.0 + 60.0 * minute for minute in range(LOCK_OUT_MINUTES)]
+    assert alarm_fires(rule, lock_out, span_s=3600)

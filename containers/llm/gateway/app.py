@@ -42,6 +42,7 @@ from gateway.engine_events import EngineEvents, breaker_transition_publisher
 from gateway.engines.base import InferenceEngine, SupportsFaultInjection
 from gateway.health import CrashLoopDetector, EnginePhase, RestartPolicy
 from gateway.http_edge import (
+    ARRIVED_SCOPE_KEY,
     BODY_SCOPE_KEY,
     CHAT_RESPONSES,
     INVOCATION_RESPONSES,
@@ -149,7 +150,8 @@ class GatewayRuntime:
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
         """POST /invocations and /v1/chat/completions."""
         record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}",
-                               path=request.scope["path"], started=self.clock(),
+                               path=request.scope["path"],
+                               started=request.scope.get(ARRIVED_SCOPE_KEY, self.clock()),
                                stream=bool(body.stream))
         record.warmup = request.headers.get(WARMUP_HEADER) == self.lifecycle.warmup_token
         session_headers = self._session_of(request, record)
@@ -371,7 +373,7 @@ def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dic
 def _add_body_limit(app: FastAPI, runtime: GatewayRuntime) -> None:
     """Bodies over GATEWAY_MAX_BODY_BYTES are 413 before they are read (logged as the request)."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.gateway.max_body_bytes,
-                       refuse=runtime.refuse)
+                       refuse=runtime.refuse, clock=runtime.clock)
 
 
 def create_app(

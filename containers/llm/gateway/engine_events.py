@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import metrics_contract as mc
-from gateway.admission import AdmissionController, blocks_for_tokens
+from gateway.admission import AdmissionController
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.engines.base import (
     EngineDead,
@@ -34,6 +34,7 @@ from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from gpu_budget import compare_engine_report
+from gpu_budget.lengths import blocks_for_tokens
 
 FatalCallback = Callable[[str], None]
 

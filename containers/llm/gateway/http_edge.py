@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -78,6 +79,10 @@ DRAIN_TIMEOUT_S = 10.0
 """How long draining an oversized body may take (a client that stalls gets the 413 then)."""
 BODY_SCOPE_KEY = "gateway.body"
 """Where the middleware leaves the body it read, for an error that needs it (an unparsable one)."""
+ARRIVED_SCOPE_KEY = "gateway.arrived"
+"""When the request's headers reached the gateway's code (the middleware's clock): a request's
+start for its latency, its deadline and admission's first-token time, so that the time it waited
+to be read and parsed under a burst counts as the caller feels it."""
 
 
 class BodyLimitMiddleware:
@@ -89,12 +94,15 @@ class BodyLimitMiddleware:
     answered at once. The connection closes after a 413 either way.
     """
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, refuse: Refuse) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, refuse: Refuse,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.refuse = refuse
+        self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[ARRIVED_SCOPE_KEY] = self.clock()
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return

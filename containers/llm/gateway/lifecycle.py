@@ -7,9 +7,10 @@ returns at once, so that /ping answers (``warming_up``) while the engine loads:
   an engine that cannot be imported is fatal at once), then warmup pushes representative
   requests through the app's own ASGI stack (:mod:`gateway.warmup`) in two passes: the first
   pays the engine's one-off costs (kernel compiles, the first LoRA loads) and teaches admission
-  nothing; the second, from admission's prior, measures the steady state. /ping turns healthy
-  only when the second pass succeeded and admission's forecast for a short request on the idle
-  engine is within the TTFT SLO; otherwise it says why and measures again, until
+  nothing; the second, from admission's prior, measures the rate the engine drains prompt
+  tokens at (the prefill valve's). /ping turns healthy only when the second pass succeeded and a
+  short request on the idle engine would have its first token within the TTFT SLO at that rate;
+  otherwise it says why and measures again, until
   ``GATEWAY_WARMUP_TIMEOUT_S`` passes. Each start phase is logged with its duration
   (``start_phase`` lines; docs/gateway.md#cold-start);
 * **gauges** — every ``GATEWAY_METRICS_INTERVAL_S`` one line with the KV usage, running and
@@ -180,11 +181,8 @@ class GatewayLifecycle:
                         self.log_phase("warmup_first_use", self.clock() - phase_started)
                         continue
                 elif await self._warm(client, requests, learning=True):
-                    # The models keep what this pass measured; the calibration, which corrected
-                    # the forecasts made while they were still learning, starts from 1.
-                    self.admission.reset_calibrations()
                     self.log_phase("warmup_measure", self.clock() - phase_started)
-                    if self._forecast_ready(short_tokens):
+                    if self._valve_ready(short_tokens):
                         self.warmed_up = True
                         self.log_phase("healthy", self.clock() - started)
                         self.telemetry.log("warmup_complete", progress=self.warmup_progress)
@@ -195,7 +193,7 @@ class GatewayLifecycle:
                     self.fatal(
                         f"warmup did not succeed within GATEWAY_WARMUP_TIMEOUT_S="
                         f"{gateway.warmup_timeout_s:g} s (last: {self.warmup_progress}); see the "
-                        "warmup_failed and warmup_forecast_over_slo log lines"
+                        "warmup_failed and warmup_first_token_over_slo log lines"
                     )
                     return
                 await asyncio.sleep(0.5)
@@ -218,19 +216,20 @@ class GatewayLifecycle:
         finally:
             admission.learning = True
 
-    def _forecast_ready(self, short_tokens: int) -> bool:
-        """True when admission forecasts a short request on the idle engine within the SLO;
-        else /ping's reason and a log line say what it forecasts."""
+    def _valve_ready(self, short_tokens: int) -> bool:
+        """True when a short request on the idle engine has its first token within the SLO at
+        the drain rate warmup measured; else /ping's reason and a log line say what it would
+        take."""
         slo_s = self.admission.ttft_slo_s
-        forecast_s = self.admission.idle_forecast_s(short_tokens)
-        if forecast_s <= slo_s:
+        first_token_s = self.admission.idle_first_token_s(short_tokens)
+        if first_token_s <= slo_s:
             return True
         self._set_warmup_progress(
-            f"a short request ({short_tokens} prompt tokens) on the idle engine is forecast to "
-            f"have its first token in {forecast_s:.3f} s, later than GATEWAY_TTFT_SLO_S="
-            f"{slo_s:g} s: measuring again")
-        self.telemetry.log("warmup_forecast_over_slo", level="warning",
-                           prompt_tokens=short_tokens, forecast_s=round(forecast_s, 4),
+            f"a short request ({short_tokens} prompt tokens) on the idle engine would have its "
+            f"first token in {first_token_s:.3f} s at the measured drain rate, later than "
+            f"GATEWAY_TTFT_SLO_S={slo_s:g} s: measuring again")
+        self.telemetry.log("warmup_first_token_over_slo", level="warning",
+                           prompt_tokens=short_tokens, first_token_s=round(first_token_s, 4),
                            ttft_slo_s=slo_s, **self.admission_model())
         return False
 
@@ -280,33 +279,22 @@ class GatewayLifecycle:
 
     def admission_model(self) -> dict[str, Any]:
         """What admission has learned of the engine (on the gauge line, for operators)."""
-        admission = self.admission
-        intercept, slope = admission.steps.line()
-        first, per_token = admission.first_token.line()
-        ratio = admission.forecasts.ratio_median()
-        return {
-            "step_ms_at_1": round(1000 * (intercept + slope), 3),
-            "step_ms_per_sequence": round(1000 * slope, 4),
-            "first_token_ms": round(1000 * first, 3),
-            "first_token_ms_per_1k_prompt_tokens": round(1_000_000 * per_token, 3),
-            "typical_answer_tokens": admission.lengths.typical(),
-            "forecast_ttft_ratio_median": None if ratio is None else round(ratio, 3),
-            "forecasts_late": admission.forecasts.late + admission.first_tokens.late,
-            **self.admission_decisions(self.clock()),
-        }
+        return {"typical_answer_tokens": self.admission.lengths.typical(),
+                **self.admission_decisions(self.clock())}
 
     def admission_decisions(self, now: float) -> dict[str, Any]:
-        """The two calibrations at ``now`` and what admission decided by forecast (the gauge
-        line and /ping's ``admission`` block)."""
+        """The prefill valve at ``now`` and what it decided (the gauge line and /ping's
+        ``admission`` block)."""
         admission = self.admission
+        valve = admission.valve
         arrivals = admission.arrivals
         return {
-            "forecast_calibration": round(admission.forecasts.calibration(now), 4),
-            "first_token_calibration": round(admission.first_tokens.calibration(now), 4),
-            "refused_by_forecast": arrivals.refused_by_forecast,
+            "drain_tokens_per_s": round(valve.rate, 1),
+            "valve_backlog_tokens": valve.backlog,
+            "valve_cap_tokens": round(valve.cap(now), 1),
+            "refused_by_valve": arrivals.refused_by_valve,
             "refused_while_idle": arrivals.refused_while_idle,
-            "forecast_probes": arrivals.probes,
-            "idle_admits": arrivals.idle_admits,
+            "floor_admits": arrivals.floor_admits,
         }
 
     # --- /ping ---
@@ -342,8 +330,8 @@ class GatewayLifecycle:
         return answer, body
 
     def admission_ping(self, now: float) -> dict[str, Any]:
-        """/ping's view of admission: how often the forecast refused, and how often while the
-        engine was nearly idle (a forecast gone wrong; it also pages, docs/runbooks)."""
+        """/ping's view of admission: how often the valve refused, and how often while the
+        engine was nearly idle (a lock-out when it lasts; it also pages, docs/runbooks)."""
         admission = self.admission
         last = admission.arrivals.last_refused_while_idle_at
         return {

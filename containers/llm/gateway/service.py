@@ -390,7 +390,7 @@ class ChatService:
 
     async def admit(self, prepared: PreparedChat) -> Admission:
         """A ready engine and a KV reservation: refused at once (ApiError 429 with Retry-After)
-        when the forecast first token would miss the TTFT SLO, else queued until dispatched."""
+        when the prefill valve is over its cap with this prompt, else queued until dispatched."""
         gateway = self.settings.gateway
         record = prepared.record
         started = self.clock()
@@ -411,18 +411,16 @@ class ChatService:
                                    sequences=prepared.params.n)
         try:
             reservation = await self.admission.acquire(
-                request, max_wait_s=remaining,
+                request, max_wait_s=remaining, arrived_at=record.started,
                 max_total_inflight=lambda: self.breaker.max_inflight(self.clock()),
-                by_forecast=not record.warmup)
+                by_valve=not record.warmup)
         except AdmissionRejected as rejected:
             record.queue_wait_s = self.clock() - started
-            record.forecast_ttft_s = rejected.forecast_ttft_s
             record.refused_while_idle = rejected.while_idle
             raise self._refusal(rejected) from None
         now = self.clock()
         record.queue_wait_s = now - started
-        record.forecast_ttft_s = reservation.forecast_ttft_s
-        record.admitted_by = reservation.override
+        record.admitted_by = "floor" if reservation.floor else None
         if self.supervisor.engine is not engine or self.supervisor.generation != generation:
             # The engine died while this request waited for KV room: try the new one later.
             self.admission.release(reservation)
@@ -438,13 +436,8 @@ class ChatService:
         retry_after = retry_after_header(rejected.retry_after_s, gateway.retry_after_s)
         headers = {"Retry-After": retry_after}
         if rejected.reason is RefusalReason.TTFT_SLO:
-            return ApiError(
-                429, f"the gateway is at capacity: a {rejected.bucket.value} request's first "
-                     f"token would come in {rejected.forecast_ttft_s:.1f} s, later than the "
-                     f"{self.admission.ttft_slo_s:g} s it must come within; retry in "
-                     f"{retry_after} s", type_="rate_limit_error", code=rejected.reason.value,
-                headers=headers)
-        if rejected.reason is RefusalReason.QUEUE_TIMEOUT:
+            return ttft_refusal(rejected, self.admission.ttft_slo_s, retry_after)
+        if rejected.reason is RefusalReason.QUEUE_TIMEOUT and rejected.bucket is not None:
             return ApiError(429, f"the gateway is at capacity for {rejected.bucket.value} "
                                  f"requests (waited {rejected.waited_s:.1f} s); retry in "
                                  f"{retry_after} s", type_="rate_limit_error",
@@ -531,8 +524,7 @@ class ChatService:
             record.ttft_s = self.clock() - admission.admitted_at
         if delta.cached_tokens is not None:
             record.cached_tokens = delta.cached_tokens
-        self.admission.progress(admission.reservation, len(delta.token_ids),
-                                cached_tokens=delta.cached_tokens, choice=delta.choice)
+        self.admission.progress(admission.reservation, len(delta.token_ids))
         record.completion_tokens += len(delta.token_ids)
         if delta.choice == 0:  # the time per output token is one sequence's pace
             record.mark_tokens(self.clock(), len(delta.token_ids))
@@ -561,3 +553,16 @@ class ChatService:
             f"{prepared.reserved_tokens} tokens (bucket XL) start a fresh context",
             prepared.language,
         )
+
+
+def ttft_refusal(rejected: AdmissionRejected, slo_s: float, retry_after: str) -> ApiError:
+    """The 429 of a request the prefill valve refused (before parsing: ``bucket`` None)."""
+    what = (f"a {rejected.bucket.value} request" if rejected.bucket is not None
+            else "another request")
+    return ApiError(
+        429, f"the gateway is at capacity: {rejected.backlog_tokens} prompt tokens are waiting "
+             f"for their first token, more than the {rejected.cap_tokens:.0f} the engine starts "
+             f"within the {slo_s:g} s first-token SLO at its measured rate, so {what} would "
+             f"miss it; retry in {retry_after} s", type_="rate_limit_error",
+        code=rejected.reason.value, headers={"Retry-After": retry_after})
+

@@ -17,7 +17,6 @@ own documents around that check, so it is not used here.)
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -60,12 +59,11 @@ class RequestRecord:
     dropped_turns: int = 0
     rag_chunks_dropped: int = 0
     queue_wait_s: float | None = None
-    forecast_ttft_s: float | None = None
-    """Admission's forecast of the time to first token (arrival to first token)."""
     admitted_by: str | None = None
-    """``idle`` or ``probe``: admitted although its forecast missed the SLO (gateway.admission)."""
+    """``floor``: admitted by the prefill valve's floor (nothing else waited for a first token)
+    although the backlog with it was over the cap (gateway.admission.valve)."""
     refused_while_idle: bool = False
-    """Refused by forecast while the engine was nearly idle (``ForecastRefusalsWhileIdle``)."""
+    """Refused by the valve while the engine was nearly idle (``RefusalsWhileIdle``)."""
     ttft_s: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -128,8 +126,6 @@ class RequestRecord:
                           rag_chunks_dropped=self.rag_chunks_dropped)
         if self.queue_wait_s is not None:
             fields["queue_wait_ms"] = round(self.queue_wait_s * 1000, 3)
-        if self.forecast_ttft_s is not None and math.isfinite(self.forecast_ttft_s):
-            fields["forecast_ttft_ms"] = round(self.forecast_ttft_s * 1000, 3)
         if self.ttft_s is not None:
             fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
         if self.tpot_s is not None:
@@ -192,7 +188,7 @@ class Telemetry:
                       dimensions={**self.dimensions, "Bucket": record.bucket or "unknown"},
                       **fields)
             if record.refused_while_idle:
-                self.emit({mc.FORECAST_REFUSALS_WHILE_IDLE: 1}, event="refused_while_idle",
+                self.emit({mc.REFUSALS_WHILE_IDLE: 1}, event="refused_while_idle",
                           request_id=record.request_id, bucket=record.bucket)
             return
         values: dict[mc.MetricSpec, float] = {mc.REQUEST_LATENCY: latency_s * 1000}

@@ -6,10 +6,10 @@ context budget, admission, engine, response formatting — everything but the so
 medium and a long conversation for the base model and for every adapter, one request routed by
 intent and locale, and one streaming request. The long one overflows the history budget, so the
 sliding window and its marker run too. Only when every answer is a 200 that is not a fallback
-does /ping say healthy. Then a batch of short requests runs concurrently, so that admission
-measures how an engine step slows as more sequences run (gateway.forecast.StepModel) before the
-first real burst has to be forecast. Warmup requests carry a per-process secret header so they
-are logged but not counted in the request metrics.
+does /ping say healthy. Then a batch of short requests runs concurrently, so that admission's
+prefill valve measures how fast the engine drains a backlog of prompts
+(gateway.admission.valve) before the first real burst arrives. Warmup requests carry a
+per-process secret header so they are logged but not counted in the request metrics.
 
 The lifecycle runs this set twice (:mod:`gateway.lifecycle`): the first pass is the engine's
 first use of each shape — Triton compiling attention and LoRA kernels, the first load of each
@@ -101,8 +101,9 @@ def warmup_requests(settings: Settings, *, served_names: Sequence[str],
 
 
 def short_request(requests: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The body of the first ``short`` warmup request: the request whose idle forecast must
-    be within the SLO before /ping turns healthy."""
+    """The body of the first ``short`` warmup request: the request whose first token on the
+    idle engine, at the drain rate measured, must be within the SLO before /ping turns
+    healthy."""
     for label, body in requests:
         if label.endswith("/short"):
             return body

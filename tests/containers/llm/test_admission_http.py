@@ -23,51 +23,51 @@ def long_messages(tokenizer: ChatTokenizer, turns: int, seed: int) -> list[dict[
 def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_at_once(
         start_gateway: Any, chat_tokenizer: ChatTokenizer) -> None:
     """80 blocks × 16 tokens; each request's ~500-token prompt holds ~32 blocks and grows by 7
-    as it answers, so two run at a time (what the running ones hold now and the next prompt
-    fit the pool, vLLM's own rule), 100 tokens × 5 ms ≈ 0.55 s a wave. With a 1.2 s TTFT SLO
-    the first three waves (six requests) can start in time; of ten, the others are refused on
-    arrival with 429 and a Retry-After."""
+    as it answers, so two run at a time, 100 tokens × 5 ms ≈ 0.55 s a wave. A first burst of ten
+    teaches the prefill valve how fast the engine drains prompts when the pool is full (its
+    idle rate, learned by warmup, is far higher); in the second, with a 1.2 s TTFT SLO, what
+    would not start in time is refused on arrival with 429 and a Retry-After, and what is
+    admitted starts within the SLO."""
     gateway: GatewayProcess = start_gateway({
         "ENGINE_MAX_MODEL_LEN": "1024", "ENGINE_NUM_GPU_BLOCKS": "80",
         "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",
         "GATEWAY_TTFT_SLO_S": "1.2", "GATEWAY_RETRY_AFTER_S": "1",
     })
     gateway.wait_ready()
-    bodies = [{"messages": long_messages(chat_tokenizer, 7, seed), "max_tokens": 100}
-              for seed in range(10)]
 
-    async def burst() -> list[httpx.Response]:
+    async def burst(first_seed: int) -> list[httpx.Response]:
+        bodies = [{"messages": long_messages(chat_tokenizer, 7, seed), "max_tokens": 100}
+                  for seed in range(first_seed, first_seed + 10)]
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as client:
             return list(await asyncio.gather(*(client.post("/invocations", json=body)
                                                for body in bodies)))
 
-    before = len(gateway.lines())
-    responses = asyncio.run(burst())
+    idle_rate = gateway.ping().json()["admission"]["drain_tokens_per_s"]
+    asyncio.run(burst(0))
+    assert gateway.ping().json()["admission"]["drain_tokens_per_s"] < idle_rate / 3
+    before, before_emf = len(gateway.lines()), len(gateway.emf())
+    responses = asyncio.run(burst(100))
     statuses = sorted(response.status_code for response in responses)
     shed = [response for response in responses if response.status_code == 429]
     assert set(statuses) == {200, 429}, statuses
-    assert 4 <= statuses.count(200) <= 7, statuses
+    assert 2 <= statuses.count(200) <= 7, statuses
     for response in shed:
         assert int(response.headers["retry-after"]) >= 1
         error = response.json()["error"]
         assert error["type"] == "rate_limit_error"
         assert error["code"] == "ttft_slo"
-        assert "first token would come in" in error["message"]
+        assert "prompt tokens are waiting for their first token" in error["message"]
     lines = [line for line in gateway.lines()[before:] if line.get("event") == "request"]
-    rejections = [line for line in gateway.emf() if "AdmissionRejections" in line]
+    rejections = [line for line in gateway.emf()[before_emf:] if "AdmissionRejections" in line]
     assert len(rejections) == len(shed)
     for document in rejections:
         assert_valid_emf(document)
         assert document["Bucket"] in ("L", "XL")
         assert document["queue_wait_ms"] < 50  # refused on arrival, not after a wait
-        assert document["forecast_ttft_ms"] > 1200
-    # At most one request a second is admitted against its forecast, to test it (a probe).
-    probes = [line for line in lines if line.get("admitted_by") == "probe"]
-    assert len(probes) <= 1
-    served = [line for line in lines if line["status"] == 200 and line not in probes]
+    served = [line for line in lines if line["status"] == 200]
+    assert sum(1 for line in served if line.get("admitted_by") == "floor") <= 1
     for line in served:
-        assert line["queue_wait_ms"] + line["ttft_ms"] <= 1200 + 300  # the forecast held
-        assert line["forecast_ttft_ms"] <= 1200
+        assert line["queue_wait_ms"] + line["ttft_ms"] <= 1200 + 300
 
 
 def test_no_request_outlives_the_deadline(start_gateway: Any) -> None:

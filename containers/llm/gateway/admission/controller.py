@@ -1,0 +1,343 @@
+"""Admission's controller: refuse on arrival what would miss the TTFT SLO, queue the rest and
+dispatch it first come, first served as the KV pool allows.
+
+Three parts, each its own module (docs/design-decisions.md#surge-admission):
+
+* :mod:`gateway.admission.ledger` — the KV blocks the dispatched requests hold, per bucket, and
+  vLLM's dispatch rule on the engine's real pool;
+* :mod:`gateway.admission.valve` — the prefill valve: the prompt tokens still waiting for their
+  first token, the rate the engine drains them at (measured from first tokens), and the decision
+  on arrival (refused at once with a Retry-After when the backlog with the new prompt would not
+  drain within the target; always admitted when nothing waits);
+* this module — the queue and the clock: it asks the valve on arrival, dispatches by the ledger,
+  tells the valve each first token and the ledger each answer's growth.
+
+A request never waits to be refused; one that waits past ``max_wait_s`` (the engine slowed down
+sharply) is the exception, counted as such. While the circuit breaker is half-open, the number of
+requests in flight is capped too (its probes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.admission.ledger import (
+    AdmissionLedger,
+    KvReservation,
+    LengthBucket,
+    RefusalReason,
+)
+from gateway.admission.lengths import OutputLengths
+from gateway.admission.valve import TARGET_SHARE, PrefillValve
+from gpu_budget.lengths import blocks_for_tokens
+
+PRIOR_DRAIN_TOKENS_PER_S = 2000.0
+"""The drain rate the valve starts from before any first token (warmup measures the real one
+before /ping turns healthy)."""
+NEARLY_IDLE_SHARE = 0.1
+"""At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
+refusal then means the valve's rate, not the load, turned the user away."""
+
+
+class AdmissionRejected(Exception):
+    """Refused: no room within the SLO (or the wait). Carries what the 429/503 says."""
+
+    def __init__(self, reason: RefusalReason, bucket: LengthBucket | None, waited_s: float, *,
+                 retry_after_s: float | None = None, backlog_tokens: int = 0,
+                 cap_tokens: float = 0.0, while_idle: bool = False) -> None:
+        where = f"bucket {bucket.value}" if bucket is not None else "before parsing"
+        super().__init__(f"{reason.value} ({where}) after {waited_s:.3f} s")
+        self.reason = reason
+        self.bucket = bucket
+        """None when refused before the request was parsed (the valve was closed)."""
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
+        """Seconds after which the backlog would have drained enough for it."""
+        self.backlog_tokens = backlog_tokens
+        """Prompt tokens waiting for their first token when it was refused by the valve."""
+        self.cap_tokens = cap_tokens
+        """What the valve allowed to wait then."""
+        self.while_idle = while_idle
+        """Refused by the valve while the engine was nearly idle (the rate it learned is
+        wrong, or a lock-out)."""
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """What admission needs to know of a request."""
+
+    bucket: LengthBucket
+    prompt_tokens: int
+    max_tokens: int
+    sequences: int = 1
+    """Choices generated (``n``): each needs its own answer's KV (the prompt's is shared) and
+    is one of the engine's running sequences (``max_running``, vLLM's ``max_num_seqs``)."""
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A request from arrival to release."""
+
+    id: int
+    request: AdmissionRequest
+    tokens: int
+    """KV tokens it holds when dispatched: its prompt and one token per choice (what vLLM's
+    scheduler allocates when it admits a request)."""
+    expected_tokens: int
+    """KV tokens it is expected to hold at its end: prompt + expected output per choice (more
+    than the watermark's share of the pool: it never fits)."""
+    arrived_at: float
+    floor: bool = False
+    """Admitted by the valve's floor although the backlog with it was over the cap."""
+    learn: bool = True
+    """Whether its first token teaches the valve (off for warmup's first pass)."""
+    future: asyncio.Future[KvReservation] | None = None
+    first_token_at: float | None = None
+    produced: int = 0
+    """Output tokens over all its choices."""
+    held_blocks: int = 0
+    """KV blocks it holds now in the ledger: its prompt and its answers so far."""
+
+    def blocks_now(self, block_size: int) -> int:
+        """The blocks its prompt, its answers so far and each choice's next token take."""
+        return blocks_for_tokens(self.request.prompt_tokens + self.produced
+                                 + self.request.sequences, block_size)
+
+
+@dataclass
+class ArrivalCounts:
+    """What admission decided on arrival (the /ping body's ``admission`` block and the gauge
+    line report them as they happen)."""
+
+    refused_by_valve: int = 0
+    refused_while_idle: int = 0
+    """Refused by the valve while the engine was nearly idle (see
+    :meth:`AdmissionController.nearly_idle`): a healthy instance turning users away."""
+    floor_admits: int = 0
+    """Admitted by the valve's floor (nothing else waited) over the cap."""
+    last_refused_while_idle_at: float | None = None
+
+
+class AdmissionController:
+    """The ledger, a first-come-first-served queue, and the valve that decides on arrival.
+
+    ``learning`` off (warmup's first pass, which pays the engine's one-off compile and load
+    costs) keeps first tokens from teaching the valve and answers from teaching the lengths.
+    """
+
+    def __init__(self, ledger: AdmissionLedger, *, ttft_slo_s: float, max_running: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 prior_rate: float = PRIOR_DRAIN_TOKENS_PER_S) -> None:
+        self.ledger = ledger
+        self.ttft_slo_s = ttft_slo_s
+        self.max_running = max_running
+        self.clock = clock
+        self.prior_rate = prior_rate
+        self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate)
+        self.lengths = OutputLengths()
+        self.arrivals = ArrivalCounts()
+        self.learning = True
+        """Whether first tokens teach the valve and answers the lengths."""
+        self._ids = itertools.count(1)
+        self._queue: deque[_Ticket] = deque()
+        self._running: dict[int, _Ticket] = {}
+        self._running_sequences = 0
+
+    @property
+    def waiting(self) -> int:
+        """Admitted requests waiting for dispatch."""
+        return len(self._queue)
+
+    @property
+    def running_sequences(self) -> int:
+        """Sequences of the dispatched requests (``n`` each): what ``max_running`` caps."""
+        return self._running_sequences
+
+    def nearly_idle(self) -> bool:
+        """Nothing queued and at most :data:`NEARLY_IDLE_SHARE` of ``max_running`` running."""
+        return (not self._queue and self._running_sequences
+                <= max(1, math.floor(NEARLY_IDLE_SHARE * self.max_running)))
+
+    def idle_first_token_s(self, prompt_tokens: int) -> float:
+        """The first token of a ``prompt_tokens`` prompt on an idle engine at the drain rate
+        learned (what warmup checks against the SLO before /ping turns healthy)."""
+        return prompt_tokens / self.valve.rate
+
+    def reset_learning(self) -> None:
+        """The valve back to its prior rate (warmup's measuring pass starts from here; the
+        answer lengths, learned from real answers only, stay)."""
+        self.valve.reset(self.prior_rate)
+
+    # --- arrival ---
+    def refuse_unparsed(self) -> AdmissionRejected | None:
+        """The refusal of a request not yet parsed when the valve is closed whatever its size
+        (vLLM's form of the rule), counted as a refusal by the valve; None when it may go on
+        to be parsed and decided on its prompt."""
+        now = self.clock()
+        if not self.valve.closed(now):
+            return None
+        return self._refused(None, 0, now)
+
+    def _refused(self, bucket: LengthBucket | None, own: int, now: float) -> AdmissionRejected:
+        arrivals = self.arrivals
+        while_idle = self.nearly_idle()
+        arrivals.refused_by_valve += 1
+        if while_idle:
+            arrivals.refused_while_idle += 1
+            arrivals.last_refused_while_idle_at = now
+        return AdmissionRejected(
+            RefusalReason.TTFT_SLO, bucket, 0.0, retry_after_s=self.valve.drain_s(own, now),
+            backlog_tokens=self.valve.backlog, cap_tokens=self.valve.cap(now),
+            while_idle=while_idle)
+
+    def _ticket(self, request: AdmissionRequest, now: float) -> _Ticket:
+        expected = self.lengths.expected(request.max_tokens)
+        return _Ticket(id=next(self._ids), request=request,
+                       tokens=request.prompt_tokens + request.sequences,
+                       expected_tokens=request.prompt_tokens + request.sequences * expected,
+                       arrived_at=now, learn=self.learning)
+
+    async def acquire(self, request: AdmissionRequest, *, max_wait_s: float,
+                      max_total_inflight: Callable[[], int | None] = lambda: None,
+                      by_valve: bool = True, arrived_at: float | None = None) -> KvReservation:
+        """Refuse at once (AdmissionRejected) or queue and return the reservation once
+        dispatched; AdmissionRejected(QUEUE_TIMEOUT) after ``max_wait_s`` in the queue.
+        ``by_valve=False`` (warmup): never refused by the valve — warmup is what measures the
+        rate it decides by — though still counted in its backlog. ``arrived_at``: when the
+        request reached the gateway (before it was read and parsed), so that its first token
+        teaches the valve the whole wait a caller sees; None: now."""
+        now = self.clock()
+        ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
+        self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
+        self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at)
+        ticket.future = asyncio.get_running_loop().create_future()
+        self._queue.append(ticket)
+        self.dispatch()
+        try:
+            return await asyncio.wait_for(asyncio.shield(ticket.future), timeout=max_wait_s)
+        except TimeoutError:
+            if ticket.future.done():  # dispatched at the deadline: keep it
+                return ticket.future.result()
+            self._queue.remove(ticket)
+            self.valve.leave(ticket.id, self.clock())
+            ticket.future.cancel()
+            raise AdmissionRejected(RefusalReason.QUEUE_TIMEOUT, request.bucket,
+                                    self.clock() - now, retry_after_s=max_wait_s) from None
+        except asyncio.CancelledError:  # the caller went away while queued
+            if ticket in self._queue:
+                self._queue.remove(ticket)
+                self.valve.leave(ticket.id, self.clock())
+            elif ticket.future.done() and not ticket.future.cancelled():
+                self.release(ticket.future.result())
+            raise
+
+    def _refuse_on_arrival(self, ticket: _Ticket, probe_limit: int | None, *,
+                           by_valve: bool) -> None:
+        request = ticket.request
+        if (self.ledger.blocks_for(ticket.expected_tokens) > self.ledger.limit_blocks
+                or request.sequences > self.max_running):
+            raise AdmissionRejected(RefusalReason.NEVER_FITS, request.bucket, 0.0)
+        if probe_limit is not None and len(self._running) + len(self._queue) >= probe_limit:
+            raise AdmissionRejected(RefusalReason.PROBE_LIMIT, request.bucket, 0.0)
+        if not by_valve:
+            return
+        valve = self.valve
+        now = self.clock()
+        if valve.admits(request.prompt_tokens, now):
+            ticket.floor = (valve.waiting == 0
+                            and request.prompt_tokens > valve.cap(now))
+            self.arrivals.floor_admits += ticket.floor
+            return
+        raise self._refused(request.bucket, request.prompt_tokens, now)
+
+    # --- dispatch ---
+    def _blocked(self, ticket: _Ticket) -> RefusalReason | None:
+        """Why ``ticket`` cannot be dispatched now (None: it can): the engine's sequences are
+        taken, or the ledger's reason (its bucket's cap, or its prompt beside what the running
+        requests hold)."""
+        request = ticket.request
+        if self._running_sequences + request.sequences > self.max_running:
+            return RefusalReason.MAX_RUNNING
+        return self.ledger.refusal(request.bucket, ticket.tokens)
+
+    def dispatch(self) -> None:
+        """Dispatch queued requests first come, first served while each one's prompt (and one
+        token per choice) fits beside what the running requests hold now in the whole pool,
+        vLLM's own rule (one blocked only by its bucket's cap lets the ones behind it pass);
+        ``max_running`` caps the sequences running, ``n`` for a request of ``n`` choices."""
+        index = 0
+        while index < len(self._queue):
+            ticket = self._queue[index]
+            reason = self._blocked(ticket)
+            if reason is RefusalReason.BUCKET_CAP:
+                index += 1
+                continue
+            if reason is not None:
+                return
+            del self._queue[index]
+            assert ticket.future is not None
+            if ticket.future.done():  # cancelled while queued
+                self.valve.leave(ticket.id, self.clock())
+                continue
+            booked = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
+            reservation = KvReservation(booked.bucket, booked.tokens, booked.blocks, ticket.id,
+                                        ticket.floor)
+            ticket.held_blocks = reservation.blocks
+            self._running[ticket.id] = ticket
+            self._running_sequences += ticket.request.sequences
+            ticket.future.set_result(reservation)
+
+    def notify(self) -> None:
+        """Capacity, breaker or engine changed: dispatch what now fits."""
+        self.dispatch()
+
+    # --- what the streams tell ---
+    def progress(self, reservation: KvReservation, tokens: int) -> None:
+        """``tokens`` more tokens of ``reservation``'s answer (over its choices) arrived now:
+        the first of them teaches the valve, each grows what the request holds."""
+        ticket = self._running.get(reservation.ticket)
+        if ticket is None or tokens <= 0:
+            return
+        if ticket.first_token_at is None:
+            ticket.first_token_at = self.clock()
+            self.valve.first_token(ticket.id, ticket.first_token_at,
+                                   learn=ticket.learn and self.learning)
+        ticket.produced += tokens
+        held = ticket.blocks_now(self.ledger.capacity.block_size)
+        if held > ticket.held_blocks:
+            self.ledger.grow(held - ticket.held_blocks)
+            ticket.held_blocks = held
+
+    def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
+                capped: bool = False) -> None:
+        """Free what a request holds (its blocks at dispatch and what its answer grew into) and
+        its slot; learn the answer's length (``completion_tokens`` of a real answer over all its
+        choices, as its usage counts them; ``capped`` when ``max_tokens`` cut one of them): each
+        of its ``n`` choices is one answer of ``completion_tokens / n`` tokens. Dispatch what now
+        fits."""
+        ticket = self._running.pop(reservation.ticket, None)
+        grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
+        self.ledger.release(reservation, grown_blocks=grown)
+        if ticket is not None:
+            self._running_sequences -= ticket.request.sequences
+            # one that ended without a first token (failed, cancelled) leaves the backlog
+            self.valve.leave(ticket.id, self.clock())
+        if ticket is not None and completion_tokens is not None and ticket.produced > 0:
+            sequences = ticket.request.sequences
+            per_choice = math.ceil(completion_tokens / sequences)
+            for _ in range(sequences):
+                self.lengths.observe(per_choice, capped=capped)
+        self.dispatch()
+
+
+def retry_after_header(seconds: float | None, floor_s: int) -> str:
+    """Retry-After in whole seconds: the backlog's drain time, at least ``floor_s``, at most 60."""
+    wait = floor_s if seconds is None else max(floor_s, math.ceil(seconds))
+    return str(min(60, wait))
+

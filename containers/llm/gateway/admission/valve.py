@@ -1,0 +1,191 @@
+"""The prefill valve: refuse on arrival when the prompt tokens still waiting for their first
+token would take longer than the target to drain at the rate the engine is measured to drain them.
+
+vLLM's own server has the static form of this valve (``--max-num-queued-tokens``: refuse when the
+prompt tokens of requests still in prefill reach a cap an operator sizes as target TTFT ×
+prefill throughput). The gateway keeps the rule and measures the cap instead of asking for it
+(docs/design-decisions.md#surge-admission):
+
+* **the backlog** — prompt tokens of every admitted request that has not had its first token:
+  those queued in the gateway for KV room and those the engine is prefilling, counted whole
+  (as vLLM counts them);
+* **the drain rate** — prompt tokens that reached their first token per second *while the
+  backlog was not empty*: the engine's prefill throughput under whatever else it was doing then
+  (decoding, waiting for KV room, a LoRA swap), the figure vLLM's docs size the cap from. It is
+  measured over windows of :data:`WINDOW_S` seconds of backlog, or over a whole shorter stretch
+  of backlog, from empty to empty (a request alone: its own prompt over its own wait), and each
+  window moves the log of the estimate by :data:`DRAIN_WEIGHT` toward what it measured. A
+  window never closes on a first token alone: the engine emits first tokens in batches, one
+  step for several requests, and two of them a millisecond apart measure nothing;
+* **what is still waiting** — a request admitted ``age`` seconds ago without its first token
+  proves the rate is at most ``(ahead + own) ÷ age`` now: the valve closes on that evidence
+  without waiting for the first token that would teach it (CoDel's lesson: act on the time
+  spent in the queue, not on the last departure);
+* **the cap** — ``target_s`` × the lower of the two rates; a request is admitted when the
+  backlog with its own prompt fits the cap, **or when nothing is waiting** (the floor: one
+  request at a time always goes, so a wrong estimate always gets the first token that corrects
+  it, and at most one such request is in flight).
+
+Why it heals a wrong estimate in seconds: a cap ``k`` times too small still admits by the floor,
+and each window moves the log-rate by ``DRAIN_WEIGHT × log k``; a cap too large admits a
+backlog whose age closes the valve within ``target_s`` and whose first tokens then teach the
+true rate. Why a throughput and not each request's own wait: the first request in line starts
+at once whatever the backlog behind it, so short waits would teach a rate far above the one the
+last request in a full backlog sees. There is no baseline to drift: the cap is the target times
+a rate, both measured in the units the decision uses.
+
+Pure module: standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+DRAIN_WEIGHT = 0.35
+"""How far one window moves the log of the drain rate toward what it measured."""
+WINDOW_S = 0.25
+"""Seconds of backlog that close a measuring window (a surge learns four times a second; a
+quiet spell, at the end of each stretch of backlog)."""
+TARGET_SHARE = 0.5
+"""The valve's target first token as a share of the TTFT SLO: the last request admitted into a
+full backlog waits about the target, and the spread of real first tokens around it (a decode
+step, a LoRA load) must stay under the SLO at the 99th percentile."""
+BOUND_AFTER = 0.5
+"""A waiting request bounds the rate once it has waited this share of the target."""
+MIN_RATE = 1.0
+"""Tokens a second the estimate never goes below (a cap of zero would only be the floor)."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An admitted request without its first token."""
+
+    ahead: int
+    """Backlog tokens already waiting when it arrived."""
+    own: int
+    """Its own prompt tokens."""
+    arrived_at: float
+
+
+class PrefillValve:
+    """The backlog, the measured drain rate and the decision (see the module docstring)."""
+
+    def __init__(self, *, target_s: float, rate: float, weight: float = DRAIN_WEIGHT) -> None:
+        if not target_s > 0:
+            raise ValueError(f"target_s must be > 0, got {target_s}")
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.target_s = target_s
+        self.weight = weight
+        self._rate = max(MIN_RATE, rate)
+        self._waiting: dict[Hashable, Waiting] = {}
+        self.backlog = 0
+        """Prompt tokens of the admitted requests still waiting for their first token."""
+        self.windows = 0
+        """Measuring windows closed since the last :meth:`reset`."""
+        self._mark: float | None = None  # the last event while the backlog was not empty
+        self._busy_s = 0.0  # seconds of backlog in the open window
+        self._drained = 0  # tokens that reached their first token in it
+        self._whole = True  # whether it began with the backlog empty
+
+    @property
+    def rate(self) -> float:
+        """The drain rate learned (prompt tokens a second)."""
+        return self._rate
+
+    @property
+    def waiting(self) -> int:
+        """Admitted requests without their first token."""
+        return len(self._waiting)
+
+    def bound(self, now: float) -> float:
+        """The rate the waiting requests allow at most now: of those that have waited at least
+        :data:`BOUND_AFTER` of the target (a shorter wait is mostly the engine's fixed cost per
+        request, not its rate), the least ``(ahead + own) ÷ age``; ``inf`` when none has."""
+        bound = math.inf
+        for entry in self._waiting.values():
+            age = now - entry.arrived_at
+            if age >= BOUND_AFTER * self.target_s:
+                bound = min(bound, (entry.ahead + entry.own) / age)
+        return bound
+
+    def cap(self, now: float) -> float:
+        """Backlog tokens the engine drains within the target at the lower of the learned rate
+        and what the waiting requests allow."""
+        return self.target_s * max(MIN_RATE, min(self.rate, self.bound(now)))
+
+    def admits(self, own: int, now: float) -> bool:
+        """Whether a request with ``own`` prompt tokens may join now: nothing waits (the
+        floor), or the backlog with it fits the cap."""
+        return not self._waiting or self.backlog + own <= self.cap(now)
+
+    def closed(self, now: float) -> bool:
+        """Whether any request is refused now, whatever its size (vLLM's form of the rule:
+        the backlog alone has reached the cap): decided before a request is even parsed."""
+        return bool(self._waiting) and self.backlog >= self.cap(now)
+
+    def drain_s(self, own: int, now: float) -> float:
+        """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
+        rate = max(MIN_RATE, min(self.rate, self.bound(now)))
+        return max(0.0, (self.backlog + own) / rate - self.target_s)
+
+    def _advance(self, now: float) -> None:
+        if self._mark is not None and now > self._mark:
+            self._busy_s += now - self._mark
+        self._mark = now if self._waiting else None
+
+    def enter(self, key: Hashable, own: int, now: float, *,
+              arrived_at: float | None = None) -> None:
+        """``key`` was admitted at ``now`` with ``own`` prompt tokens; ``arrived_at``: when it
+        reached the gateway (its wait is counted from then; None: ``now``)."""
+        if key in self._waiting:
+            raise ValueError(f"{key!r} is already waiting")
+        self._advance(now)
+        self._waiting[key] = Waiting(ahead=self.backlog, own=max(0, own),
+                                     arrived_at=now if arrived_at is None else arrived_at)
+        self.backlog += max(0, own)
+        self._mark = now
+
+    def first_token(self, key: Hashable, now: float, *, learn: bool = True) -> None:
+        """``key``'s first token came at ``now``: it leaves the backlog, and (``learn``) its
+        tokens count as drained in the open window, which closes when it is long enough."""
+        entry = self._waiting.get(key)
+        if entry is None:
+            return
+        self._advance(now)
+        del self._waiting[key]
+        self.backlog -= entry.own
+        self._advance(now)
+        if not learn:
+            self._busy_s, self._drained = 0.0, 0
+            return
+        self._drained += entry.own
+        ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
+        if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
+            measured = max(MIN_RATE, self._drained / self._busy_s)
+            self._rate *= (measured / self._rate) ** self.weight  # a step in log space
+            self.windows += 1
+            self._busy_s, self._drained, self._whole = 0.0, 0, False
+        if not self._waiting and not self._whole:
+            # The rest of a stretch whose earlier part closed a window: first tokens come in
+            # batches, so its last few may drain in a millisecond; dropped, not measured.
+            self._busy_s, self._drained, self._whole = 0.0, 0, True
+
+    def leave(self, key: Hashable, now: float) -> None:
+        """``key`` left without a first token (refused after queueing, cancelled, failed)."""
+        entry = self._waiting.get(key)
+        if entry is None:
+            return
+        self._advance(now)
+        del self._waiting[key]
+        self.backlog -= entry.own
+        self._advance(now)
+
+    def reset(self, rate: float) -> None:
+        """Start again from ``rate`` (a new engine, or warmup's measuring pass); what is
+        waiting stays counted."""
+        self._rate = max(MIN_RATE, rate)
+        self.windows = 0
+        self._busy_s, self._drained = 0.0, 0
