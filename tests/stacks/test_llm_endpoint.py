@@ -69,7 +69,7 @@ def test_the_gateways_admission_is_the_capacity_models(serving: dict[str, Any],
         window.system, window.rag, window.history, window.output)
     # Each cap is what the KV pool holds of the bucket's largest request under the watermark,
     # bounded by max_num_seqs: XL is the pool's 4,096-token share. (The latency SLO is the
-    # admission forecast's, GATEWAY_TTFT_SLO_S, not a cap.)
+    # prefill valve's, GATEWAY_TTFT_SLO_S, not a cap.)
     plan = capacity.memory_plan
     admissible = int(llm.capacity.admission_watermark * plan.kv_pool_blocks)
     assert caps["XL"] == min(admissible // (plan.max_model_len // plan.block_size),

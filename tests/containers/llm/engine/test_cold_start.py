@@ -3,8 +3,9 @@ an idle gateway serves ten requests one second apart without one refusal (issue 
 
 Before issue 30, a warmup under load taught admission a first token of ~250 ms against a 90 ms
 SLO, and 0 of 10 requests sent one second apart to the idle gateway were served. Now the
-measuring pass repeats until the forecast for a short request on the idle engine is within the
-SLO (/ping says why meanwhile), and an idle engine never refuses whatever the forecast says.
+measuring pass repeats until a short request on the idle engine would have its first token
+within the SLO at the drain rate measured (/ping says why meanwhile), and a request arriving
+while nothing waits is always admitted, whatever the rate says (the prefill valve's floor).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def test_after_a_warmup_under_load_an_idle_gateway_serves_every_request(
     wait_for_event(server, "start_phase", timeout_s=300)  # the engine is up; warmup begins
     with saturated_cpu():
         # The first measuring pass runs (and fails, or passes) under load; then the load goes.
-        wait_for_event(server, "warmup_forecast_over_slo", "warmup_complete", timeout_s=600)
+        wait_for_event(server, "warmup_first_token_over_slo", "warmup_complete", timeout_s=600)
     server.wait_healthy("/ping", timeout_s=300)
     statuses, ttfts = [], []
     with httpx.Client(base_url=server.url, timeout=30.0) as client:

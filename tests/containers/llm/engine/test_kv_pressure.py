@@ -83,7 +83,6 @@ def test_a_small_pool_under_64_long_requests_sheds_what_would_miss_the_slo(
     assert {body["error"]["code"] for body, _ in shed} == {"ttft_slo"}
     assert len(refusals) == len(shed)
     assert max(line["latency_ms"] for line in refusals) < 50  # on arrival, in the gateway
-    assert all(line["forecast_ttft_ms"] > SLO_S * 1000 for line in refusals)
     assert all(body["mangaassist"]["fallback"] is None for body in served)
     # Long requests: prompt + 160 output tokens over a quarter of the 1,024-token window.
     assert all(body["mangaassist"]["bucket"] in ("L", "XL") for body in served)
