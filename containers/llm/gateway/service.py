@@ -437,7 +437,7 @@ class ChatService:
         headers = {"Retry-After": retry_after}
         if rejected.reason is RefusalReason.TTFT_SLO:
             return ttft_refusal(rejected, self.admission.ttft_slo_s, retry_after)
-        if rejected.reason is RefusalReason.QUEUE_TIMEOUT and rejected.bucket is not None:
+        if rejected.reason is RefusalReason.QUEUE_TIMEOUT:
             return ApiError(429, f"the gateway is at capacity for {rejected.bucket.value} "
                                  f"requests (waited {rejected.waited_s:.1f} s); retry in "
                                  f"{retry_after} s", type_="rate_limit_error",
@@ -556,9 +556,8 @@ class ChatService:
 
 
 def ttft_refusal(rejected: AdmissionRejected, slo_s: float, retry_after: str) -> ApiError:
-    """The 429 of a request the prefill valve refused (before parsing: ``bucket`` None)."""
-    what = (f"a {rejected.bucket.value} request" if rejected.bucket is not None
-            else "another request")
+    """The 429 of a request the prefill valve refused."""
+    what = f"a {rejected.bucket.value} request"
     return ApiError(
         429, f"the gateway is at capacity: {rejected.backlog_tokens} prompt tokens are waiting "
              f"for their first token, more than the {rejected.cap_tokens:.0f} the engine starts "

@@ -149,24 +149,6 @@ def test_a_first_token_frees_the_backlog_for_the_next_request() -> None:
     assert asyncio.run(scenario()).tokens == 901
 
 
-def test_an_unparsed_request_is_refused_only_when_the_backlog_alone_reaches_the_cap() -> None:
-    """vLLM's form of the rule, decided before a body is parsed: refused (and counted) when the
-    backlog alone is at the cap; otherwise it goes on to be decided on its prompt."""
-    clock = FakeClock()
-
-    async def scenario() -> list[bool]:
-        admission = controller(blocks=1000, slo_s=2.0, rate=1000.0, clock=clock)
-        outcomes = [admission.refuse_unparsed() is None]
-        await admission.acquire(request(700), max_wait_s=1.0)  # 600 of the 1,000 waiting
-        outcomes.append(admission.refuse_unparsed() is None)
-        await admission.acquire(request(500), max_wait_s=1.0)  # 1,000: the cap
-        outcomes.append(admission.refuse_unparsed() is None)
-        outcomes.append(admission.arrivals.refused_by_valve == 1)
-        return outcomes
-
-    assert asyncio.run(scenario()) == [True, True, False, True]
-
-
 def test_queued_requests_are_dispatched_first_come_first_served() -> None:
     async def scenario() -> list[int]:
         admission = controller(slo_s=10.0, rate=1e6)

@@ -48,14 +48,12 @@ refusal then means the valve's rate, not the load, turned the user away."""
 class AdmissionRejected(Exception):
     """Refused: no room within the SLO (or the wait). Carries what the 429/503 says."""
 
-    def __init__(self, reason: RefusalReason, bucket: LengthBucket | None, waited_s: float, *,
+    def __init__(self, reason: RefusalReason, bucket: LengthBucket, waited_s: float, *,
                  retry_after_s: float | None = None, backlog_tokens: int = 0,
                  cap_tokens: float = 0.0, while_idle: bool = False) -> None:
-        where = f"bucket {bucket.value}" if bucket is not None else "before parsing"
-        super().__init__(f"{reason.value} ({where}) after {waited_s:.3f} s")
+        super().__init__(f"{reason.value} in bucket {bucket.value} after {waited_s:.3f} s")
         self.reason = reason
         self.bucket = bucket
-        """None when refused before the request was parsed (the valve was closed)."""
         self.waited_s = waited_s
         self.retry_after_s = retry_after_s
         """Seconds after which the backlog would have drained enough for it."""
@@ -175,16 +173,7 @@ class AdmissionController:
         self.valve.reset(self.prior_rate)
 
     # --- arrival ---
-    def refuse_unparsed(self) -> AdmissionRejected | None:
-        """The refusal of a request not yet parsed when the valve is closed whatever its size
-        (vLLM's form of the rule), counted as a refusal by the valve; None when it may go on
-        to be parsed and decided on its prompt."""
-        now = self.clock()
-        if not self.valve.closed(now):
-            return None
-        return self._refused(None, 0, now)
-
-    def _refused(self, bucket: LengthBucket | None, own: int, now: float) -> AdmissionRejected:
+    def _refused(self, bucket: LengthBucket, own: int, now: float) -> AdmissionRejected:
         arrivals = self.arrivals
         while_idle = self.nearly_idle()
         arrivals.refused_by_valve += 1

@@ -121,11 +121,6 @@ class PrefillValve:
         floor), or the backlog with it fits the cap."""
         return not self._waiting or self.backlog + own <= self.cap(now)
 
-    def closed(self, now: float) -> bool:
-        """Whether any request is refused now, whatever its size (vLLM's form of the rule:
-        the backlog alone has reached the cap): decided before a request is even parsed."""
-        return bool(self._waiting) and self.backlog >= self.cap(now)
-
     def drain_s(self, own: int, now: float) -> float:
         """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
         rate = max(MIN_RATE, min(self.rate, self.bound(now)))
