@@ -18,9 +18,10 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   window never closes on a first token alone: the engine emits first tokens in batches, one
   step for several requests, and two of them a millisecond apart measure nothing;
 * **what is still waiting** — a request admitted ``age`` seconds ago without its first token
-  proves the rate is at most ``(ahead + own) ÷ age`` now: the valve closes on that evidence
-  without waiting for the first token that would teach it (CoDel's lesson: act on the time
-  spent in the queue, not on the last departure);
+  proves the rate is at most ``(ahead + own) ÷ age`` now; once it has waited
+  :data:`BOUND_AFTER` of the target (before that its wait is mostly the engine's fixed cost per
+  request) the valve closes on that evidence without waiting for the first token that would
+  teach it (CoDel's lesson: act on the time spent in the queue, not on the last departure);
 * **the cap** — ``target_s`` × the lower of the two rates; a request is admitted when the
   backlog with its own prompt fits the cap, **or when nothing is waiting** (the floor: one
   request at a time always goes, so a wrong estimate always gets the first token that corrects
