@@ -82,7 +82,9 @@ def test_a_small_pool_under_64_long_requests_sheds_what_would_miss_the_slo(
     assert all(retry.isdigit() and int(retry) >= 1 for _, retry in shed)
     assert {body["error"]["code"] for body, _ in shed} == {"ttft_slo"}
     assert len(refusals) == len(shed)
-    assert max(line["latency_ms"] for line in refusals) < 50  # on arrival, in the gateway
+    # Refused on arrival, not after a wait in the queue. (Its latency_ms now counts from when its
+    # headers reached the gateway, so it includes the parsing of the burst's 63 others.)
+    assert max(line["queue_wait_ms"] for line in refusals) < 50
     assert all(body["mangaassist"]["fallback"] is None for body in served)
     # Long requests: prompt + 160 output tokens over a quarter of the 1,024-token window.
     assert all(body["mangaassist"]["bucket"] in ("L", "XL") for body in served)
