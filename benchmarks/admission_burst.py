@@ -4,7 +4,8 @@ and behind vLLM's static admission valve.
 A burst of distinct 3-turn chats (64 output tokens, temperature 0) arrives all at once at
 ``--multiples`` (1×, 2×, 4×, 8× and 16×) the number of requests the KV pool holds
 (``--pool-blocks`` blocks of 32 tokens; the same engine arguments for every server, vLLM's CPU
-build, the tiny random Llama-3, no adapter). The servers (admission_common.py): the gateway;
+build, the tiny random Llama-3 with the ``manga`` adapter every request names). The servers
+(admission_common.py): the gateway;
 vLLM's server without a cap, which queues everything and serves every request eventually; and
 vLLM's server with ``--max-num-queued-tokens N`` for each N of ``--queued-tokens`` (vLLM 0.32's
 static valve: 503 on arrival while the prompt tokens still in prefill are ≥ N). The gateway may

@@ -137,6 +137,9 @@ async def one(client: httpx.AsyncClient, path: str, messages: list[dict[str, str
                     continue
                 if first is None:
                     first = time.perf_counter()
+                    if line.startswith(STREAM_ERROR):  # a refusal sent as a 200 stream
+                        return Outcome(stream_error_status(line), ms(first), ms(first),
+                                       sent_ms=ms(sent))
                 if line != "data: [DONE]" and '"fallback":{' in line:
                     fallback = True
     except httpx.HTTPError:
@@ -145,6 +148,22 @@ async def one(client: httpx.AsyncClient, path: str, messages: list[dict[str, str
     total = ms(time.perf_counter())
     return Outcome(200, ms(first) if first is not None else total, total, fallback,
                    sent_ms=ms(sent))
+
+
+STREAM_ERROR = 'data: {"error"'
+"""A stream whose first event is an error document: vLLM's server answers a request its valve
+refuses *after* the stream began (``--max-num-queued-tokens`` checked again in
+``AsyncLLM.add_request``, when arrivals passed its first check together) with 200 and this event
+instead of a token. It is a refusal, not an answer: counted with the status it carries."""
+
+
+def stream_error_status(event: str) -> int:
+    """The status code a stream's error event carries (503 when it names none)."""
+    try:
+        code = json.loads(event[len("data: "):])["error"].get("code")
+    except (ValueError, KeyError, AttributeError):
+        return 503
+    return int(code) if isinstance(code, int) or str(code).isdigit() else 503
 
 
 def client(url: str) -> httpx.AsyncClient:
@@ -161,13 +180,16 @@ class _Exchange:
     sent: float = 0.0
     first: float | None = None
     fallback: bool = False
+    refused_in_stream: int = 0
+    """The status a 200 stream's first event carried instead of a token (see STREAM_ERROR)."""
 
     def outcome(self, status: int) -> Outcome:
         end = time.perf_counter()
         sent = self.sent or self.started
         first = self.first if self.first is not None else end
-        return Outcome(status, (first - self.started) * 1000, (end - self.started) * 1000,
-                       self.fallback, sent_ms=(sent - self.started) * 1000)
+        return Outcome(self.refused_in_stream or status, (first - self.started) * 1000,
+                       (end - self.started) * 1000, self.fallback,
+                       sent_ms=(sent - self.started) * 1000)
 
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -194,6 +216,9 @@ async def _read_chunked(reader: asyncio.StreamReader, exchange: _Exchange) -> No
             return
         if exchange.first is None and b"data: " in data:
             exchange.first = time.perf_counter()
+            event = data[data.index(b"data: "):].decode("utf-8", "replace")
+            if event.startswith(STREAM_ERROR):
+                exchange.refused_in_stream = stream_error_status(event)
         if b'"fallback":{' in data:
             exchange.fallback = True
 

@@ -3,8 +3,9 @@ cap and behind vLLM's static admission valve.
 
 admission_burst.py sends one burst; here requests keep arriving faster than the engine serves
 them, as in a traffic surge. Every server gets the same engine arguments (a pool of
-``--pool-blocks`` blocks of 32 tokens, vLLM's CPU build, the tiny random Llama-3; no adapter, as
-in admission_burst) and is compared with the same requests at the same moments:
+``--pool-blocks`` blocks of 32 tokens, vLLM's CPU build, the tiny random Llama-3 with the
+``manga`` adapter every request names) and is compared with the same requests at the same
+moments:
 
 * ``gateway``: its deployed settings; ``vllm``: vLLM's server with no cap (it queues everything);
 * ``vllm-q<N>``: vLLM's server with ``--max-num-queued-tokens N`` for each N of
