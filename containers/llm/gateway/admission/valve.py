@@ -147,13 +147,9 @@ class PrefillValve:
     def first_token(self, key: Hashable, now: float, *, learn: bool = True) -> None:
         """``key``'s first token came at ``now``: it leaves the backlog, and (``learn``) its
         tokens count as drained in the open window, which closes when it is long enough."""
-        entry = self._waiting.get(key)
+        entry = self.leave(key, now)
         if entry is None:
             return
-        self._advance(now)
-        del self._waiting[key]
-        self.backlog -= entry.own
-        self._advance(now)
         if not learn:
             self._busy_s, self._drained = 0.0, 0
             return
@@ -169,15 +165,15 @@ class PrefillValve:
             # batches, so its last few may drain in a millisecond; dropped, not measured.
             self._busy_s, self._drained, self._whole = 0.0, 0, True
 
-    def leave(self, key: Hashable, now: float) -> None:
-        """``key`` left without a first token (refused after queueing, cancelled, failed)."""
-        entry = self._waiting.get(key)
+    def leave(self, key: Hashable, now: float) -> Waiting | None:
+        """``key`` left the backlog at ``now`` (on its own: without a first token — refused
+        after queueing, cancelled, failed); what it was, None if it was not waiting."""
+        entry = self._waiting.pop(key, None)
         if entry is None:
-            return
-        self._advance(now)
-        del self._waiting[key]
+            return None
+        self._advance(now)  # the backlog it was part of lasted until now
         self.backlog -= entry.own
-        self._advance(now)
+        return entry
 
     def reset(self, rate: float) -> None:
         """Start again from ``rate`` (a new engine, or warmup's measuring pass); what is
