@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from request_buckets import BUCKET_NAMES
+from request_buckets import REJECTION_BUCKETS
 
 NAMESPACE = "MangaAssist/Inference"
 """CloudWatch namespace of every custom metric the containers and Lambdas emit."""
@@ -102,9 +102,10 @@ DROPPED_TURNS = MetricSpec("DroppedTurns", Unit.COUNT,
                            "Conversation turns dropped by the sliding window.", Emitter.GATEWAY)
 ADMISSION_REJECTIONS = MetricSpec(
     "AdmissionRejections", Unit.COUNT,
-    "Requests shed by KV-aware admission (429/503 with Retry-After), per request bucket.",
+    "Requests shed by KV-aware admission (429/503 with Retry-After), per request bucket "
+    "(Unsized: refused before the request was parsed).",
     Emitter.GATEWAY, dimensions=(*ENDPOINT_DIMENSIONS, "Bucket"),
-    dimension_values=(("Bucket", BUCKET_NAMES),))
+    dimension_values=(("Bucket", REJECTION_BUCKETS),))
 REFUSALS_WHILE_IDLE = MetricSpec(
     "RefusalsWhileIdle", Unit.COUNT,
     "Requests refused with 429 ttft_slo while the engine was nearly idle (nothing queued, at "

@@ -58,6 +58,14 @@ class RequestBucket(str, Enum):  # noqa: UP042
 BUCKET_NAMES: tuple[str, ...] = tuple(bucket.value for bucket in RequestBucket)
 """The bucket names, smallest first: the values of the ``Bucket`` metric dimension."""
 
+UNSIZED = "Unsized"
+"""The ``Bucket`` of a request refused before it was parsed and sized: the gateway's prefill valve
+refuses on arrival, without parsing, when not even the smallest prompt would start within the
+SLO (docs/design-decisions.md#surge-admission)."""
+REJECTION_BUCKETS: tuple[str, ...] = (*BUCKET_NAMES, UNSIZED)
+"""The values of ``AdmissionRejections``' ``Bucket`` dimension: every bucket, and
+:data:`UNSIZED`."""
+
 BucketName = Literal["S", "M", "L", "XL"]
 """A bucket's name as a type (pydantic models and request schemas); the same names as
 :data:`BUCKET_NAMES` (tests/test_environment_contract.py holds them equal)."""
@@ -109,7 +117,10 @@ class BucketBounds:
         return RequestBucket.XL
 
     def label(self, bucket: RequestBucket | str) -> str:
-        """Human-readable range, e.g. ``S ≤ 512`` or ``XL 2,049–4,096`` (tokens)."""
+        """Human-readable range, e.g. ``S ≤ 512`` or ``XL 2,049–4,096`` (tokens);
+        :data:`UNSIZED` is ``unsized (refused unparsed)``."""
+        if bucket == UNSIZED:
+            return "unsized (refused unparsed)"
         key = RequestBucket(bucket)
         if key is RequestBucket.S:
             return f"S ≤ {self.s_max:,}"

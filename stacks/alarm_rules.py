@@ -16,7 +16,7 @@ from __future__ import annotations
 from aws_cdk import aws_cloudwatch as cloudwatch
 
 import metrics_contract as mc
-from request_buckets import BUCKET_NAMES
+from request_buckets import REJECTION_BUCKETS
 from stacks.alarms import AlarmRule, MathInput
 from stacks.settings import EndpointAlarmSettings
 
@@ -212,7 +212,8 @@ def latency_slo_rules(settings: EndpointAlarmSettings) -> list[AlarmRule]:
     ]
 
 
-REJECTION_INPUT_IDS: dict[str, str] = {name: f"shed{name.lower()}" for name in BUCKET_NAMES}
+REJECTION_INPUT_IDS: dict[str, str] = {name: f"shed{name.lower()}"
+                                       for name in REJECTION_BUCKETS}
 """Expression ids of ``AdmissionRejections`` per bucket (metric math ids start lower-case)."""
 
 

@@ -58,7 +58,7 @@ if _bucket_values is None:  # pragma: no cover - guards metrics_contract
     raise RuntimeError("metrics_contract: AdmissionRejections no longer declares its Bucket values")
 BUCKET_NAMES: tuple[str, ...] = _bucket_values
 """Values of the AdmissionRejections ``Bucket`` dimension, as the contract declares them (the
-request buckets of :mod:`request_buckets`)."""
+request buckets of :mod:`request_buckets`, and ``Unsized`` for a refusal before parsing)."""
 
 DASHBOARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 """What CloudWatch accepts as a dashboard name."""

@@ -13,6 +13,8 @@ import pytest
 import metrics_contract as mc
 from request_buckets import (
     BUCKET_NAMES,
+    REJECTION_BUCKETS,
+    UNSIZED,
     MIN_MAX_MODEL_LEN,
     BucketBounds,
     RequestBucket,
@@ -108,18 +110,21 @@ def test_the_gpu_budget_sizes_these_buckets() -> None:
 
 
 def test_the_metrics_contract_accepts_exactly_these_bucket_values() -> None:
-    assert mc.ADMISSION_REJECTIONS.values_of("Bucket") == BUCKET_NAMES
+    assert mc.ADMISSION_REJECTIONS.values_of("Bucket") == (*BUCKET_NAMES, UNSIZED)
+    assert REJECTION_BUCKETS == ("S", "M", "L", "XL", "Unsized")
     dims = {"EndpointName": "e", "VariantName": "v"}
-    for name in BUCKET_NAMES:
+    for name in REJECTION_BUCKETS:
         mc.emf_document({mc.ADMISSION_REJECTIONS: 1}, {**dims, "Bucket": name}, timestamp_ms=0)
-    with pytest.raises(ValueError, match=r"Bucket='XXL' is not accepted; accepted: S, M, L, XL"):
+    with pytest.raises(ValueError,
+                       match=r"Bucket='XXL' is not accepted; accepted: S, M, L, XL, Unsized"):
         mc.emf_document({mc.ADMISSION_REJECTIONS: 1}, {**dims, "Bucket": "XXL"}, timestamp_ms=0)
 
 
 def test_the_dashboard_draws_one_line_per_contract_bucket() -> None:
     from stacks import dashboard
 
-    assert dashboard.BUCKET_NAMES == BUCKET_NAMES
+    assert dashboard.BUCKET_NAMES == REJECTION_BUCKETS
+    assert bucket_bounds(4096).label(UNSIZED) == "unsized (refused unparsed)"
 
 
 # --- and nobody defines their own ------------------------------------------------------------

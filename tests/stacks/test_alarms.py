@@ -103,12 +103,13 @@ def test_release_window_rejections_is_a_ticket_in_release_windows_only(
     (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
     assert expression["Expression"] == (
         f"IF(FILL(mininforce, 0) > {daily_minimum}, 100 * (FILL(sheds, 0) + FILL(shedm, 0) + "
-        "FILL(shedl, 0) + FILL(shedxl, 0)) / invocations, 0)")
+        "FILL(shedl, 0) + FILL(shedxl, 0) + FILL(shedunsized, 0)) / invocations, 0)")
     stats = {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
     assert {stat["Metric"]["MetricName"] for stat in stats.values()} == {
         "AdmissionRejections", "Invocations", "MinCapacityInForce"}
     assert {next(d["Value"] for d in stats[k]["Metric"]["Dimensions"] if d["Name"] == "Bucket")
-            for k in ("sheds", "shedm", "shedl", "shedxl")} == {"S", "M", "L", "XL"}
+            for k in ("sheds", "shedm", "shedl", "shedxl", "shedunsized")} == {
+        "S", "M", "L", "XL", "Unsized"}
     assert alarm["Threshold"] == settings.llm.alarms.release_window_rejection_percent
     assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
     assert alarm["TreatMissingData"] == "notBreaching"

@@ -11,6 +11,7 @@ field, 404, 413, 429/503 with Retry-After; an engine failure is a 200 fallback a
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from gateway.http_edge import (
     BODY_SCOPE_KEY,
     CHAT_RESPONSES,
     INVOCATION_RESPONSES,
+    ArrivalScreen,
     BodyLimitMiddleware,
     publish_limits,
     validation_problem,
@@ -72,6 +74,10 @@ from gateway.tokenizer import ChatTokenizer
 from gateway.warmup import WARMUP_HEADER
 
 JSON_MEDIA_TYPE = "application/json"
+CHAT_PATHS = frozenset({"/invocations", "/v1/chat/completions"})
+"""The paths a chat request arrives on (/invocations also takes session requests)."""
+STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+"""A streamed request, as far as the request line of one refused unparsed needs to know."""
 
 
 class GatewayRuntime:
@@ -239,6 +245,21 @@ class GatewayRuntime:
                                path=str(scope.get("path", "")), started=self.clock())
         return self.error_response(record, error)
 
+    def screen(self, scope: Scope, body: bytes) -> Response | None:
+        """A chat request's answer before it is parsed, if it gets one
+        (:meth:`ChatService.screen`), logged as the request's one line; None for anything else
+        (sessions, other paths), which the app reads as usual."""
+        if scope["path"] not in CHAT_PATHS or b'"messages"' not in body:
+            return None
+        record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}", path=scope["path"],
+                               started=scope.get(ARRIVED_SCOPE_KEY, self.clock()),
+                               stream=STREAM_TRUE.search(body) is not None)
+        warmup = dict(scope.get("headers") or []).get(WARMUP_HEADER.encode())
+        record.warmup = warmup is not None and warmup.decode("latin-1") == \
+            self.lifecycle.warmup_token
+        error = self.service.screen(record)
+        return None if error is None else self.error_response(record, error)
+
     def inject_oom(self) -> JSONResponse:
         """Kill the running engine with a simulated OOM (GATEWAY_TEST_MODE only)."""
         engine = self.supervisor.engine
@@ -371,7 +392,9 @@ def _openapi_document(app: FastAPI, runtime: GatewayRuntime) -> Callable[[], dic
 
 
 def _add_body_limit(app: FastAPI, runtime: GatewayRuntime) -> None:
-    """Bodies over GATEWAY_MAX_BODY_BYTES are 413 before they are read (logged as the request)."""
+    """Bodies over GATEWAY_MAX_BODY_BYTES are 413 before they are read (logged as the request);
+    inside that, the arrival screen answers what admission refuses before it is parsed."""
+    app.add_middleware(ArrivalScreen, screen=runtime.screen)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.gateway.max_body_bytes,
                        refuse=runtime.refuse, clock=runtime.clock)
 

@@ -176,6 +176,33 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
 
+Screen = Callable[[Scope, bytes], Response | None]
+"""Looks at a request whose body was read but not parsed: the answer to send at once, or None."""
+
+
+class ArrivalScreen:
+    """Answers a request before the app parses it when ``screen`` says so.
+
+    Sits inside :class:`BodyLimitMiddleware`, which has read the whole body (the client is not
+    cut off mid-send) and left it in the scope: parsing, validating, rendering and tokenizing
+    the body are the expensive part of a request the gateway is going to refuse anyway, and
+    under a burst they hold the event loop that the admitted requests need
+    (docs/design-decisions.md#surge-admission).
+    """
+
+    def __init__(self, app: ASGIApp, *, screen: Screen) -> None:
+        self.app = app
+        self.screen = screen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = scope.get(BODY_SCOPE_KEY) if scope["type"] == "http" else None
+        response = self.screen(scope, body) if isinstance(body, bytes) else None
+        if response is None:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
 def _declared_size(value: bytes | None) -> int | None:
     """The Content-Length header's value (uvicorn's parser, h11, has refused a malformed one
     with its own 400 before the app runs; anything else here reads as undeclared)."""

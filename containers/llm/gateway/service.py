@@ -53,6 +53,7 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
 )
+from gateway.health import EnginePhase
 from gateway.routing import AdapterRouter, RouteDecision, UnknownModel
 from gateway.settings import Settings
 from gateway.supervisor import EngineSupervisor
@@ -165,6 +166,9 @@ class ChatService:
         self._role_overhead = {role: tokenizer.overhead.for_role(role)
                                for role in ("system", "user", "assistant")}
         self._rag_header_tokens = tokenizer.count([RAG_HEADER])[0]
+        self.smallest_prompt_tokens = tokenizer.render_prompt([ChatTurn("user", "")]).num_tokens
+        """The fewest prompt tokens any chat request is sent with (one empty user message in
+        the chat template): what :meth:`screen` asks the valve about."""
 
     async def start(self, request: ChatCompletionRequest, record: RequestRecord) -> ChatRun:
         """The whole request path up to the answer's events: prepare (validate, route, budget),
@@ -384,6 +388,21 @@ class ChatService:
         )
 
     # --- admit ---
+    def screen(self, record: RequestRecord) -> ApiError | None:
+        """The answer a chat request gets before it is parsed, if any: the valve's 429 when not
+        even the smallest prompt would start within the SLO now (the request would be refused
+        after parsing too; :meth:`AdmissionController.screen`). None: read it and decide on its
+        own prompt. Warmup requests, and any request while the engine is not ready, go the
+        whole way."""
+        if record.warmup or self.supervisor.phase is not EnginePhase.READY:
+            return None
+        rejected = self.admission.screen(self.smallest_prompt_tokens)
+        if rejected is None:
+            return None
+        record.queue_wait_s = 0.0
+        record.refused_while_idle = rejected.while_idle
+        return self._refusal(rejected)
+
     def refuses_as_xl(self, prepared: PreparedChat) -> bool:
         """True when the breaker answers this XL request with the fresh-context fallback."""
         return prepared.bucket is LengthBucket.XL and self.breaker.refuses_xl(self.clock())
@@ -438,7 +457,8 @@ class ChatService:
         if rejected.reason is RefusalReason.TTFT_SLO:
             return ttft_refusal(rejected, self.admission.ttft_slo_s, retry_after)
         if rejected.reason is RefusalReason.QUEUE_TIMEOUT:
-            return ApiError(429, f"the gateway is at capacity for {rejected.bucket.value} "
+            sized = rejected.bucket.value if rejected.bucket is not None else "unsized"
+            return ApiError(429, f"the gateway is at capacity for {sized} "
                                  f"requests (waited {rejected.waited_s:.1f} s); retry in "
                                  f"{retry_after} s", type_="rate_limit_error",
                             code=rejected.reason.value, headers=headers)
@@ -556,8 +576,10 @@ class ChatService:
 
 
 def ttft_refusal(rejected: AdmissionRejected, slo_s: float, retry_after: str) -> ApiError:
-    """The 429 of a request the prefill valve refused."""
-    what = f"a {rejected.bucket.value} request"
+    """The 429 of a request the prefill valve refused (on arrival, before or after it was
+    parsed)."""
+    what = ("any request" if rejected.bucket is None
+            else f"a {rejected.bucket.value} request")
     return ApiError(
         429, f"the gateway is at capacity: {rejected.backlog_tokens} prompt tokens are waiting "
              f"for their first token, more than the {rejected.cap_tokens:.0f} the engine starts "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import metrics_contract as mc
+from request_buckets import UNSIZED
 
 Sink = Callable[[str], None]
 
@@ -185,7 +186,7 @@ class Telemetry:
             return
         if record.outcome == "rejected":
             self.emit({mc.ADMISSION_REJECTIONS: 1},
-                      dimensions={**self.dimensions, "Bucket": record.bucket or "unknown"},
+                      dimensions={**self.dimensions, "Bucket": record.bucket or UNSIZED},
                       **fields)
             if record.refused_while_idle:
                 self.emit({mc.REFUSALS_WHILE_IDLE: 1}, event="refused_while_idle",

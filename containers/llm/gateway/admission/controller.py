@@ -48,12 +48,15 @@ refusal then means the valve's rate, not the load, turned the user away."""
 class AdmissionRejected(Exception):
     """Refused: no room within the SLO (or the wait). Carries what the 429/503 says."""
 
-    def __init__(self, reason: RefusalReason, bucket: LengthBucket, waited_s: float, *,
+    def __init__(self, reason: RefusalReason, bucket: LengthBucket | None, waited_s: float, *,
                  retry_after_s: float | None = None, backlog_tokens: int = 0,
                  cap_tokens: float = 0.0, while_idle: bool = False) -> None:
-        super().__init__(f"{reason.value} in bucket {bucket.value} after {waited_s:.3f} s")
+        where = "before it was sized" if bucket is None else f"in bucket {bucket.value}"
+        super().__init__(f"{reason.value} {where} after {waited_s:.3f} s")
         self.reason = reason
         self.bucket = bucket
+        """The request's bucket; None when it was refused before it was parsed and sized
+        (:meth:`AdmissionController.screen`)."""
         self.waited_s = waited_s
         self.retry_after_s = retry_after_s
         """Seconds after which the backlog would have drained enough for it."""
@@ -173,7 +176,20 @@ class AdmissionController:
         self.valve.reset(self.prior_rate)
 
     # --- arrival ---
-    def _refused(self, bucket: LengthBucket, own: int, now: float) -> AdmissionRejected:
+    def screen(self, smallest_prompt_tokens: int) -> AdmissionRejected | None:
+        """The valve's decision before a request is parsed: the refusal when not even the
+        smallest prompt the gateway can send (``smallest_prompt_tokens``) would fit now, else
+        None (the request is read and decided on its own prompt). The valve refuses no larger
+        prompt it would admit this one with, so a request refused here would be refused after
+        parsing too — without the parsing, rendering and tokenizing that, under a burst, keep
+        the event loop from the requests it admits (docs/design-decisions.md#surge-admission)."""
+        now = self.clock()
+        if self.valve.admits(smallest_prompt_tokens, now):
+            return None
+        return self._refused(None, smallest_prompt_tokens, now)
+
+    def _refused(self, bucket: LengthBucket | None, own: int, now: float
+                 ) -> AdmissionRejected:
         arrivals = self.arrivals
         while_idle = self.nearly_idle()
         arrivals.refused_by_valve += 1

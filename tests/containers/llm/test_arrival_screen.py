@@ -1,0 +1,97 @@
+"""The prefill valve decides before a request is parsed when it can: while not even the smallest
+prompt would start within the SLO, a chat request is refused with the valve's 429 from its raw
+body (no JSON parsing, validation, rendering or tokenizing), counted in the ``Unsized`` bucket;
+session requests, warmup requests and everything the valve would admit go the whole way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from gateway.app import GatewayRuntime
+from tests.containers.llm.test_cold_start import running, short_chat
+from tests.containers.llm.test_telemetry import assert_valid_emf
+
+FAST = {"SIM_STEP_TIME_S": "0.002", "SIM_EOS_PROBABILITY": "0", "GATEWAY_TTFT_SLO_S": "1.0"}
+
+
+def fill_the_valve(runtime: GatewayRuntime) -> None:
+    """Two prompts waiting for their first token that hold far more than the valve's cap (the
+    valve counts a backlog, whoever put it there)."""
+    valve = runtime.admission.valve
+    now = runtime.clock()
+    for key in ("held-a", "held-b"):
+        valve.enter(key, 10 * int(valve.cap(now)) + 1000, now)
+
+
+def rejections(lines: list[str], since: int) -> list[dict[str, Any]]:
+    documents = [json.loads(line) for line in lines[since:]]
+    return [document for document in documents if "AdmissionRejections" in document]
+
+
+def test_a_full_valve_refuses_a_chat_request_before_parsing_it(make_runtime: Any) -> None:
+    runtime, lines = make_runtime(**FAST)
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response, int]:
+        async with running(runtime) as client:
+            fill_the_valve(runtime)
+            since = len(lines)
+            refused = [
+                await client.post("/invocations", json=short_chat(0)),
+                await client.post("/v1/chat/completions", json={**short_chat(1), "stream": True}),
+                # Not even JSON: only a parse would find out; the valve refuses it first.
+                await client.post("/invocations", content=b'{"messages": [',
+                                  headers={"content-type": "application/json"}),
+            ]
+            session = await client.post("/invocations", json={"requestType": "NEW_SESSION"})
+            return refused, session, since
+
+    refused, session, since = asyncio.run(scenario())
+    for response in refused:
+        assert response.status_code == 429, response.text
+        assert int(response.headers["retry-after"]) >= 1
+        error = response.json()["error"]
+        assert error["code"] == "ttft_slo"
+        assert "so any request would miss it" in error["message"]
+    assert session.status_code == 200  # a session request is not a chat request
+    shed = rejections(lines, since)
+    assert len(shed) == 3
+    for document in shed:
+        assert_valid_emf(document)
+        assert document["Bucket"] == "Unsized"
+        assert document["queue_wait_ms"] == 0.0
+    assert [document["stream"] for document in shed] == [False, True, False]
+    assert runtime.admission.arrivals.refused_by_valve == 3
+
+
+def test_an_open_valve_reads_every_request(make_runtime: Any) -> None:
+    """With nothing waiting the valve admits anything (its floor): the request is parsed and
+    answered as usual, a malformed one with its 400."""
+    runtime, _ = make_runtime(**FAST)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with running(runtime) as client:
+            served = await client.post("/invocations", json=short_chat(0))
+            bad = await client.post("/invocations", content=b'{"messages": [',
+                                    headers={"content-type": "application/json"})
+            return served, bad
+
+    served, bad = asyncio.run(scenario())
+    assert served.status_code == 200
+    assert bad.status_code == 400
+
+
+def test_warmup_requests_pass_a_full_valve(make_runtime: Any) -> None:
+    """Warmup measures the rate the valve decides by, so the valve never refuses it."""
+    runtime, _ = make_runtime(**FAST)
+
+    async def scenario() -> httpx.Response:
+        async with running(runtime) as client:
+            fill_the_valve(runtime)
+            return await client.post("/invocations", json=short_chat(0), headers={
+                "x-mangaassist-warmup": runtime.lifecycle.warmup_token})
+
+    assert asyncio.run(scenario()).status_code == 200
