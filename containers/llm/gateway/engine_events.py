@@ -106,6 +106,9 @@ class EngineEvents:
                 "ENGINE_MAX_MODEL_LEN or give the engine more KV memory"
             )
         if generation > 0:
+            # A new engine: what the valve learned of the dead one does not decide for it (its
+            # warmup measures it again before it serves).
+            self.admission.reset_learning()
             self.telemetry.emit({mc.ENGINE_RESTARTS: 1}, event="engine_restarted",
                                 engine_generation=generation, restarts=generation)
         self.admission.notify()
@@ -141,11 +144,14 @@ class EngineEvents:
 
     # --- engine death ---
     def on_death(self, generation: int, error: EngineDead) -> None:
-        """Trip the breaker and count the trip (once per engine death)."""
+        """Trip the breaker and count the trip (once per engine death); the requests queued for
+        dispatch are answered at once (503: no engine takes them before the rebuild ends)."""
         cause = "out_of_memory" if isinstance(error, EngineOutOfMemory) else "engine_dead"
         self.breaker.record_trip(self.clock(), why=f"{cause}: {error}")
+        refused = self.admission.refuse_waiting()
         self.telemetry.emit({mc.OOM_CIRCUIT_TRIPS: 1}, event="engine_death", level="error",
                             cause=cause, engine_generation=generation, error=str(error)[:500],
+                            queued_refused=refused,
                             deaths_in_window=self.crash_loop.deaths_in_window(self.clock()))
         self.admission.notify()
 

@@ -7,8 +7,9 @@ the engine, and it turns red only when replacing the instance is the right answe
 * 503 ``warming_up`` — the engine is starting, or warmup has not yet pushed its representative
   requests through the full path (SageMaker must not route users to a cold instance).
 * 200 ``healthy`` — serving.
-* 200 ``recovering`` — the engine died and is being rebuilt, for at most the recovery grace: one
-  OOM must not cost the instance (and every session on it) a replacement.
+* 200 ``recovering`` — the engine died and is being rebuilt (and the rebuilt engine warmed up),
+  for at most the recovery grace: one OOM must not cost the instance (and every session on it) a
+  replacement. Requests meanwhile get a 503 at once (docs/gateway.md#engine-rebuild).
 * 503 ``recovery_overdue`` — rebuilding took longer than the grace.
 * 503 ``crash_loop`` — N engine deaths within the window: something persistent is wrong.
 * 503 ``failed`` — the engine could not be (re)built within the bounded retries, or the start-up
@@ -29,6 +30,8 @@ class EnginePhase(StrEnum):
     STARTING = "starting"
     READY = "ready"
     RECOVERING = "recovering"
+    WARMING = "warming"
+    """A rebuilt engine running its warmup: only warmup requests reach it."""
     FAILED = "failed"
     STOPPING = "stopping"
 
@@ -109,7 +112,7 @@ def ping_answer(
                                              f"{crash_loop_window_s:g} s")
     if phase is EnginePhase.FAILED:
         return PingAnswer(503, "failed", failure_reason or "the engine could not be started")
-    if phase is EnginePhase.RECOVERING:
+    if phase in (EnginePhase.RECOVERING, EnginePhase.WARMING):
         since = now - (recovering_since if recovering_since is not None else now)
         if since > recovery_grace_s:
             return PingAnswer(503, "recovery_overdue",
@@ -117,7 +120,9 @@ def ping_answer(
                               f"{recovery_grace_s:g} s")
         if warmed_up:
             retrying = f"; {last_start_error}" if last_start_error else ""
-            return PingAnswer(200, "recovering", f"engine died; rebuilding for {since:.1f} s "
+            doing = ("rebuilt; warming up" if phase is EnginePhase.WARMING
+                     else "rebuilding")
+            return PingAnswer(200, "recovering", f"engine died; {doing} for {since:.1f} s "
                                                  f"(grace {recovery_grace_s:g} s){retrying}")
     if not warmed_up:
         if phase is EnginePhase.READY:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -109,6 +109,7 @@ class GatewayLifecycle:
         self.warmup_progress = "not started"
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._app: ASGIApp | None = None
         self._last_preemptions: tuple[int, int] = (-1, 0)
 
     @property
@@ -154,15 +155,48 @@ class GatewayLifecycle:
     async def startup(self, app: ASGIApp) -> None:
         """Start the engine, then warm up through ``app`` until it succeeds or times out."""
         started = self.clock()
+        self._app = app
         try:
             await self.supervisor.start()
         except EngineStartFailed as error:
             self.fatal(str(error), config_error=error.config_error is not None)
             return
         self.log_phase("engine_start", self.clock() - started,
-                       **self.supervisor.start_phases())
+                       parts=self.supervisor.start_phases())
         if self.failure_reason is not None:
             return
+        self.supervisor.rewarm = self.rewarm
+        if await self._warm_up(app, started):
+            self.warmed_up = True
+            self.supervisor.started_in(self.clock() - started)
+            self.telemetry.log("warmup_complete", progress=self.warmup_progress)
+
+    async def rewarm(self, generation: int) -> bool:
+        """Warm up engine ``generation``, just rebuilt, before it serves (the supervisor's
+        ``rewarm``): the same passes as at start, through the same app; admission starts again
+        from its prior (the events' ``on_ready``). False when it did not succeed in time (the
+        process is then told, as at start) or the process is stopping."""
+        if self._app is None:
+            return True
+        self.telemetry.log("rewarm_started", engine_generation=generation)
+        if not await self._warm_up(self._app, self.clock(), generation=generation):
+            return False
+        self.warmed_up = True
+        self.telemetry.log("warmup_complete", progress=self.warmup_progress,
+                           engine_generation=generation)
+        return True
+
+    def _superseded(self, generation: int) -> bool:
+        """Whether warming engine ``generation`` is moot: the slot failed, or that engine died
+        (the next one's rebuild warms it) or was replaced."""
+        supervisor = self.supervisor
+        return (supervisor.phase in (EnginePhase.FAILED, EnginePhase.RECOVERING)
+                or supervisor.generation != generation)
+
+    async def _warm_up(self, app: ASGIApp, started: float, *, generation: int = 0) -> bool:
+        """The two warmup passes through ``app`` (see the module docstring), until the valve
+        says a short request starts within the SLO; False on timeout (fatal), a failed engine
+        or draining."""
         gateway = self.settings.gateway
         requests = warmup_requests(self.settings, served_names=self.served_names,
                                    count=lambda text: self.tokenizer.count([text])[0],
@@ -173,30 +207,31 @@ class GatewayLifecycle:
                                      timeout=gateway.request_deadline_s) as client:
             deadline = self.clock() + gateway.warmup_timeout_s
             first_use = True
-            while not self.warmed_up and not self.draining:
+            while not self.draining:
                 phase_started = self.clock()
                 if first_use:
                     first_use = not await self._warm(client, requests, learning=False)
                     if not first_use:
-                        self.log_phase("warmup_first_use", self.clock() - phase_started)
+                        self.log_phase("warmup_first_use", self.clock() - phase_started,
+                                       generation=generation)
                         continue
                 elif await self._warm(client, requests, learning=True):
-                    self.log_phase("warmup_measure", self.clock() - phase_started)
+                    self.log_phase("warmup_measure", self.clock() - phase_started,
+                                   generation=generation)
                     if self._valve_ready(short_tokens):
-                        self.warmed_up = True
-                        self.log_phase("healthy", self.clock() - started)
-                        self.telemetry.log("warmup_complete", progress=self.warmup_progress)
-                        return
-                if self.supervisor.phase is EnginePhase.FAILED:
-                    return
+                        self.log_phase("healthy", self.clock() - started, generation=generation)
+                        return True
+                if self._superseded(generation):
+                    return False
                 if self.clock() >= deadline:
                     self.fatal(
                         f"warmup did not succeed within GATEWAY_WARMUP_TIMEOUT_S="
                         f"{gateway.warmup_timeout_s:g} s (last: {self.warmup_progress}); see the "
                         "warmup_failed and warmup_first_token_over_slo log lines"
                     )
-                    return
+                    return False
                 await asyncio.sleep(0.5)
+        return False
 
     async def _warm(self, client: httpx.AsyncClient,
                     requests: Sequence[tuple[str, dict[str, Any]]], *, learning: bool) -> bool:
@@ -238,10 +273,15 @@ class GatewayLifecycle:
         turns = [ChatTurn(message["role"], message["content"]) for message in body["messages"]]
         return self.tokenizer.render_prompt(turns).num_tokens
 
-    def log_phase(self, phase: str, seconds: float, **parts: float) -> None:
+    def log_phase(self, phase: str, seconds: float, *, generation: int = 0,
+                  parts: Mapping[str, float] | None = None) -> None:
         """One ``start_phase`` line: a start phase and how long it took (``parts``: its own
-        phases, in seconds)."""
-        rounded: dict[str, Any] = {name: round(value, 3) for name, value in parts.items()}
+        phases, in seconds), for engine ``generation`` (0: the process's start; a rebuilt
+        engine's lines say which)."""
+        rounded: dict[str, Any] = {name: round(value, 3)
+                                   for name, value in (parts or {}).items()}
+        if generation:
+            rounded["engine_generation"] = generation
         self.telemetry.log("start_phase", phase=phase, seconds=round(seconds, 3), **rounded)
 
     def _set_warmup_progress(self, text: str) -> None:

@@ -392,9 +392,14 @@ class ChatService:
         """The answer a chat request gets before it is parsed, if any: the valve's 429 when not
         even the smallest prompt would start within the SLO now (the request would be refused
         after parsing too; :meth:`AdmissionController.screen`). None: read it and decide on its
-        own prompt. Warmup requests, and any request while the engine is not ready, go the
-        whole way."""
-        if record.warmup or self.supervisor.phase is not EnginePhase.READY:
+        own prompt. While the engine is rebuilt (or the rebuilt one warms up), the 503 of
+        :meth:`engine_unavailable`. Warmup requests go the whole way."""
+        if record.warmup:
+            return None
+        if self.supervisor.phase in (EnginePhase.RECOVERING, EnginePhase.WARMING):
+            record.queue_wait_s = 0.0
+            return self.engine_unavailable()
+        if self.supervisor.phase is not EnginePhase.READY:
             return None
         rejected = self.admission.screen(self.smallest_prompt_tokens)
         if rejected is None:
@@ -402,6 +407,21 @@ class ChatService:
         record.queue_wait_s = 0.0
         record.refused_while_idle = rejected.while_idle
         return self._refusal(rejected)
+
+    def engine_unavailable(self) -> ApiError:
+        """The 503 of a request that arrives while no engine serves (starting, rebuilding after
+        a death, a rebuilt one warming up, failed): at once, so that the caller's retry can go
+        to another instance; Retry-After is the rebuild's expected remaining time (the last
+        start's duration less the time it has run), at least ``GATEWAY_RETRY_AFTER_S``."""
+        supervisor = self.supervisor
+        floor_s = self.settings.gateway.retry_after_s
+        retry_after = retry_after_header(supervisor.rebuild_remaining_s(self.clock()), floor_s)
+        doing = {EnginePhase.RECOVERING: "being rebuilt after a failure",
+                 EnginePhase.WARMING: "rebuilt and warming up"}.get(
+                     supervisor.phase, supervisor.phase.value)
+        return ApiError(503, f"the inference engine is {doing}; retry in {retry_after} s",
+                        type_="service_unavailable", code="engine_unavailable",
+                        headers={"Retry-After": retry_after})
 
     def refuses_as_xl(self, prepared: PreparedChat) -> bool:
         """True when the breaker answers this XL request with the fresh-context fallback."""
@@ -416,12 +436,10 @@ class ChatService:
         deadline = record.started + gateway.request_deadline_s
         wait_s = max(0.0, min(gateway.admission_wait_s, deadline - started))
         retry = {"Retry-After": str(gateway.retry_after_s)}
-        engine = await self.supervisor.wait_ready(wait_s)
+        engine = self.supervisor.serving(warmup=record.warmup)
         if engine is None:
             record.queue_wait_s = self.clock() - started
-            raise ApiError(503, f"the inference engine is {self.supervisor.phase.value}; retry "
-                                f"in {gateway.retry_after_s} s", type_="service_unavailable",
-                           code="engine_unavailable", headers=retry)
+            raise self.engine_unavailable()
         generation = self.supervisor.generation
         remaining = max(0.0, wait_s - (self.clock() - started))
         request = AdmissionRequest(bucket=prepared.bucket,
@@ -436,6 +454,8 @@ class ChatService:
         except AdmissionRejected as rejected:
             record.queue_wait_s = self.clock() - started
             record.refused_while_idle = rejected.while_idle
+            if rejected.reason is RefusalReason.ENGINE_DIED:
+                raise self.engine_unavailable() from None
             raise self._refusal(rejected) from None
         now = self.clock()
         record.queue_wait_s = now - started

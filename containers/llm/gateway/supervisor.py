@@ -8,6 +8,12 @@ is noticed either by a request (its generate raised EngineDead) or by a light wa
 a death that fails 64 in-flight requests counts as one trip. The rebuild shuts the dead engine
 down, waits ``backoff × 2^(attempt-1)``, builds a fresh engine and starts it; after
 ``max_attempts`` failures the slot is FAILED and /ping turns red.
+
+A rebuilt engine is a cold engine: it is installed WARMING, its warmup (``rewarm``, the same
+passes as at start, :mod:`gateway.lifecycle`) runs on it, and only then is it READY for live
+requests; until then :meth:`wait_ready` gives it to warmup requests only. How long a start took
+(engine and warmup) is what the next rebuild is expected to take (:meth:`rebuild_remaining_s`,
+the Retry-After of the 503s meanwhile).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ EngineFactory = Callable[[], InferenceEngine]
 DeathCallback = Callable[[int, EngineDead], None]
 ReadyCallback = Callable[[int, InferenceEngine], None]
 LogCallback = Callable[..., None]
+RewarmCallback = Callable[[int], Awaitable[bool]]
+"""Warms up the rebuilt engine of a generation; True when it may serve."""
 
 
 class EngineStartFailed(RuntimeError):
@@ -78,6 +86,12 @@ class EngineSupervisor:
         self.failure_reason: str | None = None
         self.last_start_error: str | None = None
         """The last failed (re)build attempt, shown by /ping while the next one runs."""
+        self.rewarm: RewarmCallback | None = None
+        """Warms a rebuilt engine before it serves (set by the lifecycle); None: it serves at
+        once."""
+        self.expected_start_s: float | None = None
+        """How long the last start took, engine and warmup (:meth:`started_in`): what a rebuild
+        is expected to take."""
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -111,6 +125,26 @@ class EngineSupervisor:
             return dict(engine.start_phases())
         return {}
 
+    def started_in(self, seconds: float) -> None:
+        """The start just finished (engine and warmup) took ``seconds``."""
+        self.expected_start_s = seconds
+
+    def rebuild_remaining_s(self, now: float) -> float | None:
+        """Seconds the rebuild under way is still expected to take (the last start's duration
+        less the time it has run; at least 0); None when no rebuild runs or none is known."""
+        if self.recovering_since is None or self.expected_start_s is None:
+            return None
+        return max(0.0, self.expected_start_s - (now - self.recovering_since))
+
+    def serving(self, *, warmup: bool = False) -> InferenceEngine | None:
+        """The engine a request may use now: READY for any request; WARMING (a rebuilt engine
+        warming up) for warmup requests only."""
+        if self.engine is None:
+            return None
+        if self.phase is EnginePhase.READY or (warmup and self.phase is EnginePhase.WARMING):
+            return self.engine
+        return None
+
     async def wait_ready(self, timeout_s: float) -> InferenceEngine | None:
         """The engine once READY (waiting up to ``timeout_s``); None if not ready in time."""
         if self.phase is EnginePhase.READY and self.engine is not None:
@@ -125,7 +159,8 @@ class EngineSupervisor:
 
     def report_death(self, generation: int, error: EngineDead) -> bool:
         """Report that engine ``generation`` died; True for the first report (a new trip)."""
-        if generation != self.generation or self.phase is not EnginePhase.READY or self._closing:
+        if (generation != self.generation or self._closing
+                or self.phase not in (EnginePhase.READY, EnginePhase.WARMING)):
             return False
         now = self._clock()
         self.phase = EnginePhase.RECOVERING
@@ -146,13 +181,19 @@ class EngineSupervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _install(self, engine: InferenceEngine) -> None:
+    def _install(self, engine: InferenceEngine, *, warming: bool = False) -> None:
         self.engine = engine
+        self.last_start_error = None
+        if warming:
+            self.phase = EnginePhase.WARMING
+        else:
+            self._serve()
+        self._on_ready(self.generation, engine)
+
+    def _serve(self) -> None:
         self.phase = EnginePhase.READY
         self.recovering_since = None
-        self.last_start_error = None
         self._ready.set()
-        self._on_ready(self.generation, engine)
 
     async def _build_with_retries(self, purpose: str) -> InferenceEngine:
         last_error: BaseException | None = None
@@ -194,13 +235,24 @@ class EngineSupervisor:
         dead = self.engine
         if dead is not None:
             await self._shutdown_engine(dead)
+        started = self._clock()
         try:
             engine = await self._build_with_retries("rebuild")
         except EngineStartFailed:
             return
         self.generation += 1
         self.restarts += 1
-        self._install(engine)
+        if self.rewarm is None:
+            self._install(engine)
+            return
+        generation = self.generation
+        self._install(engine, warming=True)
+        warmed = await self.rewarm(generation)
+        if generation != self.generation or self.phase is not EnginePhase.WARMING:
+            return  # it died while warming (another rebuild runs), or the process is stopping
+        if warmed:
+            self.started_in(self._clock() - started)
+            self._serve()
 
     async def _shutdown_engine(self, engine: InferenceEngine) -> None:
         try:
@@ -214,6 +266,7 @@ class EngineSupervisor:
         while not self._closing:
             await asyncio.sleep(self._watch_interval_s)
             engine = self.engine
-            if self.phase is EnginePhase.READY and engine is not None and engine.is_dead:
+            if (self.phase in (EnginePhase.READY, EnginePhase.WARMING) and engine is not None
+                    and engine.is_dead):
                 error = engine.dead_error or EngineDead("engine reported dead")
                 self.report_death(self.generation, error)

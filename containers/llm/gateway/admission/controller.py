@@ -298,6 +298,20 @@ class AdmissionController:
             self._running_sequences += ticket.request.sequences
             ticket.future.set_result(reservation)
 
+    def refuse_waiting(self) -> int:
+        """The engine died: every request queued for dispatch is refused at once
+        (``ENGINE_DIED``; it would wait for the rebuild); how many were."""
+        now = self.clock()
+        refused = 0
+        while self._queue:
+            ticket = self._queue.popleft()
+            self.valve.leave(ticket.id, now)
+            if ticket.future is not None and not ticket.future.done():
+                ticket.future.set_exception(AdmissionRejected(
+                    RefusalReason.ENGINE_DIED, ticket.request.bucket, now - ticket.arrived_at))
+                refused += 1
+        return refused
+
     def notify(self) -> None:
         """Capacity, breaker or engine changed: dispatch what now fits."""
         self.dispatch()

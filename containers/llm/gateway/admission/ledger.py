@@ -48,6 +48,9 @@ class RefusalReason(StrEnum):
     the engine's measured rate (the prefill valve, refused on arrival)."""
     QUEUE_TIMEOUT = "queue_timeout"
     """Admitted, but not dispatched within ``max_wait_s`` (the engine slowed down sharply)."""
+    ENGINE_DIED = "engine_died"
+    """Admitted, but the engine died before it was dispatched: no engine will take it before
+    the rebuild (and its warmup) ends, so it is answered at once (503)."""
 
 
 def classify_bucket(tokens: int, bounds: BucketBounds) -> LengthBucket:
