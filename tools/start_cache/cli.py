@@ -147,10 +147,10 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
 
 
 def build(model_dir: Path, out: Path, env_file: Path | None, *, serve: Sequence[str],
-          timeout_s: float) -> StartCacheManifest:
+          timeout_s: float, base: Mapping[str, str] | None = None) -> StartCacheManifest:
     """Start the gateway with empty caches, wait for /ping 200 (warmup compiles every shape),
-    stop it, pack what it compiled."""
-    environ = gateway_environ(model_dir, env_file)
+    stop it, pack what it compiled. ``base``: the environment (default this process's)."""
+    environ = gateway_environ(model_dir, env_file, base)
     work = Path(tempfile.mkdtemp(prefix="start-cache-build-"))
     triton, vllm_cache = work / TRITON_PART, work / VLLM_PART
     triton.mkdir()
@@ -158,8 +158,7 @@ def build(model_dir: Path, out: Path, env_file: Path | None, *, serve: Sequence[
     environ.update({TRITON_CACHE_DIR: str(triton), VLLM_CACHE_ROOT: str(vllm_cache),
                     GATEWAY_START_CACHE: "off"})
     port = free_port()
-    log_path = out / "start-cache-build.log"
-    out.mkdir(parents=True, exist_ok=True)
+    log_path = Path(tempfile.mkstemp(prefix="start-cache-build-", suffix=".log")[1])
     progress(f"starting the gateway on :{port} with empty caches in {work} (log: {log_path})")
     started = time.monotonic()
     with log_path.open("wb") as log:
