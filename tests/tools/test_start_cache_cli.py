@@ -48,6 +48,6 @@ def test_nothing_to_pack_and_a_bad_env_file_are_errors(model_dir: Path, tmp_path
     assert "no cache files to pack" in capsys.readouterr().err
     bad = tmp_path / "bad.env"
     bad.write_text("NOT A PAIR\n")
-    with pytest.raises(ValueError, match="bad.env:1: expected KEY=VALUE"):
+    with pytest.raises(ValueError, match=r"bad\.env:1: expected KEY=VALUE"):
         read_env_file(bad)
     shutil.rmtree(tmp_path / "empty")
