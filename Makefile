@@ -34,7 +34,7 @@ IMAGE_CHECK ?= $(PY) -m tools.image_check
 INSTANCE_SWITCH ?= $(PY) -m tools.instance_switch
 DEPLOY_ARGS ?=
 
-.PHONY: help setup bootstrap synth simulate traces cost prices capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-steps test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke decode-bench image-check instance-switch pipeline-settings promote clean
+.PHONY: help setup bootstrap synth simulate traces cost prices capacity budget local intent-local compile-intent intent-cost gate-resolution bench test test-steps test-engine lint typecheck diff publish preflight deploy smoke quantize gpu-smoke start-cache decode-bench image-check instance-switch pipeline-settings promote clean
 
 # Each documented target: `target: prerequisites ## what it does`, then ` ## about N min` when it
 # takes more than a minute on the 2-core development machine; tools/make_help.py adds the
@@ -226,6 +226,12 @@ quantize: $(SM_VENV)/.installed ## AWQ job on SageMaker: make quantize ENV=prod 
 
 gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an adapter, then the decode-speed profile into config/decode_speed.json ## not run here: a model download, an engine start and the benchmark
 	tools/gpu_smoke.sh
+
+# Runs with the engine's Python (START_CACHE_PYTHON; default: the CPU build in .venv-vllm); it records
+# that Python's vLLM, torch and Triton versions, and the GPU the gateway starts on.
+START_CACHE_PYTHON ?= .venv-vllm/bin/python
+start-cache: ## build the GPU start cache (Triton's and vLLM's compile caches) for MODEL_DIR's engine settings (ENGINE_* from the environment or GATEWAY_ENV_FILE) into OUT, on a GPU host: make start-cache MODEL_DIR=<dir> OUT=<dir> ## one gateway start and warmup (an 8B model on a g5: minutes; not run here on a GPU)
+	PYTHONPATH=.:containers/llm $(START_CACHE_PYTHON) -m tools.start_cache build --model-dir "$(MODEL_DIR)" --out "$(OUT)" $(if $(GATEWAY_ENV_FILE),--gateway-env-file "$(GATEWAY_ENV_FILE)")
 
 decode-bench: setup ## TTFT and TPOT by batch size through a running gateway: make decode-bench KEY="<gpu|model|quantization|kv>" [URL=http://127.0.0.1:8080] (gpu-smoke runs it)
 	$(PY) -m tools.decode_bench --url "$(or $(URL),http://127.0.0.1:8080)" --key "$(KEY)" $(DECODE_BENCH_FLAGS)

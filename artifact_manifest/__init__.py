@@ -22,6 +22,13 @@ evaluated, ``make promote`` carries them to the served prefix and ``make publish
 it publishes with a model. The LLM container refuses to serve an adapter its model's manifest does
 not name, or whose files differ from that checksum (:func:`check_named_adapters`).
 
+An LLM model may also carry a GPU start cache (``start-cache/start-cache.json`` and
+``start-cache/start-cache.tar.gz``: compiled kernels for one GPU type and engine configuration,
+docs/develop.md#the-start-cache). It is optional, so its files are named in their own entry,
+``start_cache`` (path -> size and SHA-256), not in ``files``: a start cache that differs from that
+entry, or one the manifest does not name, is refused by the container and the start goes on
+without it (:func:`start_cache_problem`); it never fails :func:`check_model_dir`.
+
 Pure module (standard library only), Python 3.10-compatible: the Inf1 serving image runs 3.10.
 """
 
@@ -36,6 +43,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST_FILE = "artifact-manifest.json"
+START_CACHE_DIR = "start-cache"
+"""The model directory's folder of the optional GPU start cache (its own manifest entry)."""
 FORMAT_VERSION = 1
 _CHUNK_BYTES = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -81,6 +90,14 @@ class ArtifactFiles:
     files: Mapping[str, FileDigest]
     format_version: int = FORMAT_VERSION
     adapters: Mapping[str, NamedAdapter] = field(default_factory=dict)
+    start_cache: Mapping[str, FileDigest] = field(default_factory=dict)
+    """The optional GPU start cache's files (``start-cache/...``): checked by the container,
+    refused (never fatal) when they differ."""
+
+    @property
+    def all_files(self) -> Mapping[str, FileDigest]:
+        """Every file the artifact holds: ``files`` and the start cache's."""
+        return {**self.files, **self.start_cache}
 
     @property
     def total_bytes(self) -> int:
@@ -93,6 +110,9 @@ class ArtifactFiles:
             "format_version": self.format_version,
             "files": {path: self.files[path].to_dict() for path in sorted(self.files)},
         }
+        if self.start_cache:
+            data["start_cache"] = {path: self.start_cache[path].to_dict()
+                                   for path in sorted(self.start_cache)}
         if self.adapters:
             data["adapters"] = {name: self.adapters[name].to_dict()
                                 for name in sorted(self.adapters)}
@@ -133,10 +153,25 @@ def artifact_files_from_json(text: str, *, source: str = MANIFEST_FILE) -> Artif
     raw = data.get("files")
     if not isinstance(raw, dict):
         raise ManifestError(f"{source}: files: expected an object of path -> size and sha256")
+    start_cache = data.get("start_cache", {})
+    if not isinstance(start_cache, dict):
+        raise ManifestError(f"{source}: start_cache: expected an object of path -> size and "
+                            "sha256")
+    for path in start_cache:
+        if not str(path).startswith(f"{START_CACHE_DIR}/"):
+            raise ManifestError(f"{source}: start_cache: {path!r} is not under "
+                                f"{START_CACHE_DIR}/")
+    return ArtifactFiles(files=_file_digests(raw, f"{source}: files"),
+                         adapters=_named_adapters(data.get("adapters"), source),
+                         start_cache=_file_digests(start_cache, f"{source}: start_cache"))
+
+
+def _file_digests(raw: Mapping[str, Any], where_all: str) -> dict[str, FileDigest]:
+    """Path -> size and SHA-256 entries, each checked; ManifestError names the bad field."""
     files: dict[str, FileDigest] = {}
     for path, entry in raw.items():
-        where = f"{source}: files[{path!r}]"
-        checked_relative_path(path, where=f"{source}: files")
+        where = f"{where_all}[{path!r}]"
+        checked_relative_path(path, where=where_all)
         if not isinstance(entry, dict):
             raise ManifestError(f"{where}: expected an object with size and sha256")
         size, digest = entry.get("size"), entry.get("sha256")
@@ -145,7 +180,7 @@ def artifact_files_from_json(text: str, *, source: str = MANIFEST_FILE) -> Artif
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise ManifestError(f"{where}.sha256: {digest!r} is not a lowercase hex SHA-256")
         files[path] = FileDigest(size=size, sha256=digest)
-    return ArtifactFiles(files=files, adapters=_named_adapters(data.get("adapters"), source))
+    return files
 
 
 def _named_adapters(raw: Any, source: str) -> dict[str, NamedAdapter]:
@@ -285,6 +320,26 @@ def check_model_dir(model_dir: Path | str) -> DirectoryCheck:
     return DirectoryCheck(files=len(manifest.files), total_bytes=manifest.total_bytes)
 
 
+def start_cache_problem(model_dir: Path | str) -> str | None:
+    """The model directory's start cache (``start-cache/``) against its manifest's
+    ``start_cache`` entry: None when it matches or when the directory has no manifest (a local
+    run), else one line naming the file. A start cache the manifest does not name, or one whose
+    files differ, is a problem (the container refuses it and starts without it)."""
+    root = Path(model_dir)
+    manifest_path = root / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = artifact_files_from_json(manifest_path.read_text(encoding="utf-8"),
+                                            source=str(manifest_path))
+    except ManifestError as error:
+        return str(error)
+    if not manifest.start_cache:
+        return (f"{START_CACHE_DIR}/: {MANIFEST_FILE} names no start cache for this model "
+                "(not published with it)")
+    return find_mismatch(root, ArtifactFiles(files=manifest.start_cache))
+
+
 def check_named_adapters(model_dir: Path | str, adapters_dir: Path | str,
                          served: Sequence[tuple[str, str]]) -> int:
     """Every served adapter (``(name, folder)``) is one the model's manifest names, with the same
@@ -329,6 +384,7 @@ def check_named_adapters(model_dir: Path | str, adapters_dir: Path | str,
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_FILE",
+    "START_CACHE_DIR",
     "ArtifactFiles",
     "ArtifactMismatch",
     "DirectoryCheck",
@@ -346,4 +402,5 @@ __all__ = [
     "find_mismatch",
     "list_artifact_files",
     "sha256_file",
+    "start_cache_problem",
 ]

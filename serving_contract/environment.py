@@ -79,6 +79,7 @@ GATEWAY_WARMUP_TIMEOUT_S = "GATEWAY_WARMUP_TIMEOUT_S"
 GATEWAY_DRAIN_TIMEOUT_S = "GATEWAY_DRAIN_TIMEOUT_S"
 GATEWAY_METRICS_INTERVAL_S = "GATEWAY_METRICS_INTERVAL_S"
 GATEWAY_TEST_MODE = "GATEWAY_TEST_MODE"
+GATEWAY_START_CACHE = "GATEWAY_START_CACHE"
 
 RETIRED_SETTINGS: Mapping[str, str] = {
     "GATEWAY_BUCKET_BOUNDS": "the bucket bounds follow ENGINE_MAX_MODEL_LEN (request_buckets: "
@@ -265,6 +266,12 @@ GATEWAY_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec(GATEWAY_DRAIN_TIMEOUT_S, "25",
                 "On SIGTERM, how long in-flight requests may finish (SageMaker kills at 30 s).",
                 bounds=Bounds(0.0, SAGEMAKER_SIGKILL_AFTER_S, high_open=True)),
+    SettingSpec(GATEWAY_START_CACHE, None,
+                "The GPU start cache (Triton's and vLLM's compile caches, "
+                "docs/develop.md#the-start-cache): an absolute directory holding start-cache.json "
+                "and start-cache.tar.gz, or off; unset: GATEWAY_MODEL_DIR/start-cache when it "
+                "exists. Checked against this GPU, the library versions and the engine arguments; "
+                "a stale or foreign cache is refused and the start goes on without it."),
     # --- metrics and test mode -------------------------------------------------------------------
     SettingSpec(GATEWAY_METRICS_ENDPOINT_NAME, "local", "EMF dimension EndpointName."),
     SettingSpec(GATEWAY_METRICS_VARIANT_NAME, "AllTraffic", "EMF dimension VariantName."),

@@ -152,3 +152,23 @@ def test_malformed_adapter_entries_name_the_field(adapters: object, message: str
     with pytest.raises(ManifestError) as info:
         artifact_files_from_json(text, source="m.json")
     assert str(info.value) == f"m.json: {message}"
+
+
+def test_the_start_cache_entry_round_trips_and_never_fails_the_model_check(tmp_path: Path) -> None:
+    from artifact_manifest import START_CACHE_DIR, start_cache_problem
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / START_CACHE_DIR).mkdir()
+    (tmp_path / START_CACHE_DIR / "start-cache.json").write_text("{}")
+    described = describe_files(tmp_path, list_artifact_files(tmp_path)).files
+    manifest = ArtifactFiles(
+        files={p: d for p, d in described.items() if not p.startswith(START_CACHE_DIR)},
+        start_cache={p: d for p, d in described.items() if p.startswith(START_CACHE_DIR)})
+    assert artifact_files_from_json(manifest.to_json()) == manifest
+    (tmp_path / MANIFEST_FILE).write_text(manifest.to_json())
+    assert start_cache_problem(tmp_path) is None
+    (tmp_path / START_CACHE_DIR / "start-cache.json").write_text("{} ")
+    assert "start-cache/start-cache.json" in (start_cache_problem(tmp_path) or "")
+    assert check_model_dir(tmp_path).files == 1  # a differing cache never fails the start
+    with pytest.raises(ManifestError, match="start_cache: 'x' is not under start-cache/"):
+        artifact_files_from_json('{"format_version": 1, "files": {}, "start_cache": {"x": {}}}')

@@ -30,6 +30,10 @@ Its output text is generated, not meaningful; its behaviour under memory pressur
 * **First-use cost** (``first_use_s``, like a cold GPU host's kernel compiles): the first step
   that prefills a prompt of a new length class (its bit length: 1, 2-3, 4-7, ... tokens) or a
   request of a new adapter takes ``first_use_s`` longer for each such novelty, once per engine.
+  Like vLLM's compile cache, the shapes it has "compiled" are kept in ``VLLM_CACHE_ROOT``
+  (``sim_compile_cache.json``) when that variable is set at :meth:`SimEngine.start`, and a shape
+  found there costs nothing: the stand-in the start cache's tests check (vLLM's real cache needs
+  a compiling engine, docs/develop.md#the-start-cache).
 * **Request fields** (:data:`SIM_FIELD_SUPPORT`): ``n`` runs one sequence per choice (more
   than one with temperature 0 is refused, as vLLM refuses greedy sampling of several choices),
   ``logprobs`` reports each sampled word's probability under its uniform choice, ``min_tokens``,
@@ -49,12 +53,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
+import os
 import random
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gateway.engines.base import (
@@ -245,6 +252,7 @@ class SimEngine:
         self.startup_time_s = startup_time_s
         self.first_use_s = first_use_s
         self._used_shapes: set[tuple[str, object]] = set()
+        self._compile_cache: Path | None = None
         self.oom_at_step = oom_at_step
         self.oom_batched_tokens = oom_batched_tokens
         self.eos_probability = eos_probability
@@ -277,6 +285,7 @@ class SimEngine:
             raise EngineError("SimEngine: cannot start an engine that was shut down")
         if self.startup_time_s:
             await asyncio.sleep(self.startup_time_s)
+        self._open_compile_cache()
         self._loop_task = asyncio.get_running_loop().create_task(
             self._run(), name="sim-engine-loop"
         )
@@ -521,6 +530,22 @@ class SimEngine:
         except Exception as exc:  # a simulator bug must still fail-stop like an engine would
             self._die(EngineDead(f"simulated engine crashed: {exc!r}"))
 
+    def _open_compile_cache(self) -> None:
+        """Read the shapes already compiled from ``$VLLM_CACHE_ROOT/sim_compile_cache.json``."""
+        root = os.environ.get(SIM_COMPILE_CACHE_ENV)
+        if not root:
+            return
+        self._compile_cache = Path(root) / SIM_COMPILE_CACHE_FILE
+        if self._compile_cache.is_file():
+            shapes = json.loads(self._compile_cache.read_text(encoding="utf-8"))
+            self._used_shapes.update((str(kind), value) for kind, value in shapes)
+
+    def _save_compile_cache(self) -> None:
+        if self._compile_cache is not None:
+            self._compile_cache.parent.mkdir(parents=True, exist_ok=True)
+            self._compile_cache.write_text(json.dumps(sorted(map(list, self._used_shapes),
+                                                             key=str)), encoding="utf-8")
+
     def _first_use_cost(self, scheduled: Sequence[tuple[_SimRequest, int]]) -> float:
         """``first_use_s`` for each prompt-length class and adapter this step uses for the first
         time (see the module docstring)."""
@@ -537,6 +562,8 @@ class SimEngine:
                 if shape not in self._used_shapes:
                     self._used_shapes.add(shape)
                     new += 1
+        if new:
+            self._save_compile_cache()
         return new * self.first_use_s
 
     def _block_hashes(self, token_ids: Sequence[int], adapter: str | None) -> tuple[int, ...]:
@@ -740,6 +767,10 @@ class SimEngine:
         self._running.clear()
         self._free_blocks = list(range(self.num_gpu_blocks))
 
+
+SIM_COMPILE_CACHE_ENV = "VLLM_CACHE_ROOT"
+SIM_COMPILE_CACHE_FILE = "sim_compile_cache.json"
+"""Where the simulator keeps the shapes it has "compiled" (vLLM's cache root, when set)."""
 
 SIM_DEFAULT_NUM_GPU_BLOCKS = 2048
 """The simulator's KV pool when ENGINE_NUM_GPU_BLOCKS is unset (vLLM measures its own)."""

@@ -10,7 +10,7 @@ from stacks.settings import REPO_ROOT
 from tools.make_help import Target, render, targets
 
 LONG = ("setup", "synth", "simulate", "cost", "capacity", "bench", "test", "test-engine", "diff",
-        "preflight", "deploy", "quantize", "gpu-smoke")
+        "preflight", "deploy", "quantize", "gpu-smoke", "start-cache")
 """Targets that take more than a minute on the development machine (or run against AWS or a GPU
 for longer): each says roughly how long."""
 

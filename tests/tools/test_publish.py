@@ -301,3 +301,15 @@ def test_show_layout_prints_the_keys_the_stacks_use() -> None:
         result.stdout)
     assert (f"s3://{prod.bucket}/models/intent/distilbert-manga-intent-inf1/model.tar.gz"
             in result.stdout)
+
+
+def test_the_start_cache_gets_its_own_optional_manifest_entry() -> None:
+    from tools.publish.checks import ArtifactUpload, LocalFile
+
+    files = tuple(LocalFile(Path(name), name, 1, "a" * 64) for name in
+                  ("config.json", "start-cache/start-cache.json", "start-cache/start-cache.tar.gz"))
+    manifest = ArtifactUpload(artifact=None, files=files).manifest  # type: ignore[arg-type]
+    assert list(manifest.files) == ["config.json"]
+    assert sorted(manifest.start_cache) == ["start-cache/start-cache.json",
+                                            "start-cache/start-cache.tar.gz"]
+    assert artifact_files_from_json(manifest.to_json()) == manifest

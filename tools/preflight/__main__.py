@@ -133,7 +133,7 @@ def list_artifact(s3: Any, bucket: str, artifact: ModelArtifact) -> ArtifactList
     except ValueError:
         return listing  # artifact_problems reports the malformed manifest
     heads: dict[str, ObjectHead | None] = {}
-    for relative in sorted(manifest.files) if manifest else []:
+    for relative in sorted(manifest.all_files) if manifest else []:
         key = artifact.key(relative)
         try:
             head = s3.head_object(Bucket=bucket, Key=key)

@@ -151,7 +151,7 @@ def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn:
         return [f"{root}/{artifact.manifest_key}: missing, so the {artifact.endpoint} endpoint's "
                 f"artifacts were never published (completely): run {publish}"]
     problems: list[str] = []
-    for relative, expected in sorted(manifest.files.items()):
+    for relative, expected in sorted(manifest.all_files.items()):
         key = artifact.key(relative)
         head = listing.heads.get(key)
         if head is None:
@@ -165,7 +165,7 @@ def artifact_problems(listing: ArtifactListing, *, bucket: str, project_key_arn:
             problems.append(f"{root}/{key}: not encrypted with the project key, the only key "
                             f"the model role may decrypt: run {publish}")
     if artifact.is_prefix and check_stray:
-        listed = {artifact.key(relative) for relative in manifest.files}
+        listed = {artifact.key(relative) for relative in manifest.all_files}
         listed.add(artifact.manifest_key)
         problems += [f"{root}/{key}: not in {artifact.manifest_key}, but SageMaker copies "
                      f"everything under {artifact.model_data_key} into the model directory: "

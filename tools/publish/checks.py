@@ -32,6 +32,7 @@ from typing import Any
 
 from artifact_manifest import (
     MANIFEST_FILE,
+    START_CACHE_DIR,
     ArtifactFiles,
     FileDigest,
     ManifestError,
@@ -262,13 +263,19 @@ class ArtifactUpload:
 
     @property
     def manifest(self) -> ArtifactFiles:
-        files = ArtifactFiles(files={f.relative: FileDigest(f.size, f.sha256) for f in self.files})
+        """The manifest: every file, the GPU start cache's (``start-cache/``, optional: the
+        container refuses a differing one and starts without it) in its own entry."""
+        every = {f.relative: FileDigest(f.size, f.sha256) for f in self.files}
+        cache = {path: digest for path, digest in every.items()
+                 if path.startswith(f"{START_CACHE_DIR}/")}
+        files = ArtifactFiles(files={path: digest for path, digest in every.items()
+                                     if path not in cache})
         named: dict[str, NamedAdapter] = {}
         for name, folder in self.adapter_folders.items():
             checksum = adapter_checksum_in(files, folder, ADAPTERS_DIR)
             if checksum is not None:
                 named[name] = NamedAdapter(directory=folder, sha256=checksum)
-        return ArtifactFiles(files=files.files, adapters=named)
+        return ArtifactFiles(files=files.files, adapters=named, start_cache=cache)
 
     @property
     def total_bytes(self) -> int:

@@ -603,6 +603,8 @@ class PingResponse(BaseModel):
     adapters: dict[str, str]
     """Each LoRA adapter: "loaded", "failed: <reason>", "not loaded" or "configured"."""
     prompt_rendering: PromptRenderingStatus
+    start_cache: str = "none"
+    """The GPU start cache: "used", "refused: <reason>" or "none" (docs/gateway.md#cold-start)."""
 
 
 class ChunkDelta(BaseModel):

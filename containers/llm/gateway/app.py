@@ -145,12 +145,15 @@ class GatewayRuntime:
             crash_loop=self.crash_loop, admission=self.admission, tokenizer=tokenizer,
             events=self.events, telemetry=telemetry, clock=clock,
             served_names=self.router.served_names(), failure=self.failure)
+        self.start_cache = "none"
+        """/ping's ``start_cache``: what ``serve`` did with the GPU start cache."""
         self.app = build_app(self)
 
     # --- the routes' work ---
     def ping(self) -> JSONResponse:
         """GET /ping, from state only (never waits on the engine)."""
         answer, body = self.lifecycle.ping()
+        body["start_cache"] = self.start_cache
         return JSONResponse(body, status_code=answer.http_status)
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:

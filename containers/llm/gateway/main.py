@@ -7,7 +7,9 @@ The port is --port, else $SAGEMAKER_BIND_TO_PORT, else $PORT, else 8080. Setting
 GATEWAY_* and ENGINE_* environment variables (docs/gateway.md); any invalid one stops the start
 with a one-line error (exit 2), and so does a model directory that differs from its
 artifact-manifest.json (written by `make publish`; without one, as in local runs, nothing is
-checked). The server answers /ping at once (503 warming_up) while the engine starts and warmup
+checked). A GPU start cache (GATEWAY_START_CACHE; gateway.start_cache) is verified and used
+before the engine is built, or refused with a log line: never fatal. The server answers /ping
+at once (503 warming_up) while the engine starts and warmup
 runs. SIGTERM stops accepting connections, lets in-flight requests finish for up to
 GATEWAY_DRAIN_TIMEOUT_S, then shuts the engine down. Exit 2 also when the engine refuses its
 settings (a block size the platform cannot use, max_model_len above the model's positions, a
@@ -34,6 +36,7 @@ from gateway.app import GatewayRuntime, create_app
 from gateway.engines import EngineBuilder, UnknownEngine, engine_builder
 from gateway.engines.base import EngineConfigError
 from gateway.settings import Settings, SettingsError, load_settings
+from gateway.start_cache.loader import prepare_start_cache
 from gateway.tokenizer import ChatTokenizer, ModelDirError
 
 EXIT_BAD_CONFIG = 2
@@ -156,7 +159,11 @@ def run(argv: Sequence[str] | None = None,
         timeout_graceful_shutdown=math.ceil(settings.gateway.drain_timeout_s),
         lifespan="on",
     )
-    server = GatewayServer(config, app.state.runtime)
+    runtime: GatewayRuntime = app.state.runtime
+    # Before vLLM is imported (the engine starts in the lifespan): its compile caches, if any.
+    runtime.start_cache = prepare_start_cache(settings, os.environ,
+                                              log=runtime.telemetry.log).ping_value
+    server = GatewayServer(config, runtime)
     # uvicorn re-raises a SIGTERM it captured once its graceful shutdown is done, under the
     # handler that was installed before it started: with the default one the process would die
     # "of" SIGTERM (-15) after draining cleanly. A drained stop is a normal stop: exit 0 (or the

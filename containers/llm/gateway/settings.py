@@ -80,6 +80,7 @@ from serving_contract.environment import (
     GATEWAY_SESSION_MAX,
     GATEWAY_SESSION_TTL_S,
     GATEWAY_SETTINGS,
+    GATEWAY_START_CACHE,
     GATEWAY_TEST_MODE,
     GATEWAY_TOKEN_CACHE_MAX_TOKENS,
     GATEWAY_TTFT_SLO_S,
@@ -189,6 +190,11 @@ class GatewaySettings:
     metrics_variant_name: str
     metrics_interval_s: float
     test_mode: bool
+    start_cache: Path | None = None
+    """The start cache's directory (None: off); see :func:`_parse_start_cache`."""
+    start_cache_explicit: bool = False
+    """GATEWAY_START_CACHE named the directory (else it is the model directory's default, which
+    may be absent)."""
 
 
 @dataclass(frozen=True)
@@ -496,10 +502,35 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         metrics_interval_s=reader.number(GATEWAY_METRICS_INTERVAL_S),
         test_mode=reader.flag(GATEWAY_TEST_MODE),
     )
+    start_cache, explicit = _parse_start_cache(reader, model_dir)
+    gateway = replace(gateway, start_cache=start_cache, start_cache_explicit=explicit)
     _cross_check(reader, gateway, engine)
     if reader.problems:
         raise SettingsError("invalid settings: " + "; ".join(reader.problems))
     return Settings(gateway=gateway, engine=engine)
+
+
+START_CACHE_OFF = "off"
+START_CACHE_DEFAULT = "start-cache"
+"""The start cache's folder inside the model directory, used when GATEWAY_START_CACHE is unset
+(``gateway.start_cache.fingerprint.CACHE_DIR_NAME`` is the same name)."""
+
+
+def _parse_start_cache(reader: _Reader, model_dir: Path) -> tuple[Path | None, bool]:
+    """GATEWAY_START_CACHE: ``off``, an absolute directory, or unset (the model directory's
+    ``start-cache`` folder, used only when it exists): the directory, and whether it was named.
+    Whether it exists is the loader's check (this module reads no files)."""
+    raw = reader.raw(GATEWAY_START_CACHE)
+    if raw is None:
+        return model_dir / START_CACHE_DEFAULT, False
+    if raw.lower() == START_CACHE_OFF:
+        return None, False
+    if not raw.startswith("/"):
+        reader.fail(GATEWAY_START_CACHE, raw,
+                    f"expected {START_CACHE_OFF!r} or an absolute directory path (unset: "
+                    f"<{GATEWAY_MODEL_DIR}>/{START_CACHE_DEFAULT} when it exists)")
+        return None, False
+    return Path(raw), True
 
 
 def _cross_check(reader: _Reader, gateway: GatewaySettings, engine: EngineSettings) -> None:
