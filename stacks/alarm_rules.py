@@ -246,7 +246,7 @@ def first_response_rule(settings: EndpointAlarmSettings) -> AlarmRule:
         meaning=f"The p99.9 of the first response to streamed requests (arrival to the first "
         f"token, or to the 429/503 that refused it) was above "
         f"{settings.first_response_p999_ms:g} ms in 2 of the last 3 five-minute periods: more "
-        "than 1 request in 1,000 waits longer than seed 001 allows (cold or rebuilding engines, "
+        "than 1 request in 1,000 waits longer than Seed 001 allows (cold or rebuilding engines, "
         "admission waits, long prefills).",
         runbook="first-response-p999.md",
     )

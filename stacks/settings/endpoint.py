@@ -31,7 +31,7 @@ class EndpointAlarmSettings(StrictModel):
     )
     first_response_p999_ms: float = Field(
         5000, gt=0, le=60000,
-        description="LLM: seed 001's \"P99.9 first-response latency < 5 s including worst-case "
+        description="LLM: Seed 001's \"P99.9 first-response latency < 5 s including worst-case "
         "warmup\": arrival to the first token of a streamed answer (or its refusal) at p99.9 "
         "over 5 minutes. Warns (docs/design-decisions.md#p999-first-response).",
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import metrics_contract as mc
@@ -135,7 +137,7 @@ def test_a_single_token_answer_has_no_pace() -> None:
     assert document["TimeToFirstToken"] == 100.0
 
 
-# --- FirstResponseLatency: seed 001's "P99.9 first-response latency < 5 s" --------------------
+# --- FirstResponseLatency (docs/design-decisions.md#p999-first-response) ---------------------
 def test_a_streamed_answer_first_responds_at_its_first_token() -> None:
     """Arrival (``started``) to the first token's chunk: the queue wait and the prefill, not
     the rest of the stream; published per Mode beside the request's other metrics."""
@@ -229,3 +231,18 @@ def test_the_p999_alarm_reads_what_the_gateway_emits() -> None:
     emitted = metric_dimensions(document, rule.metric.name)
     assert set(emitted) == set(rule.metric.dimensions)
     assert {key: emitted[key] for key in rule.dimensions} == dict(rule.dimensions)
+
+
+def test_the_gateway_guide_lists_every_metric_the_gateway_emits() -> None:
+    """docs/gateway.md's "Metrics and logs" table names each metric the contract says the
+    gateway emits (FirstResponseLatency included), and no gateway metric the contract lacks."""
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "gateway.md").read_text("utf-8")
+    section = guide[guide.index("## Metrics and logs"):]
+    table = [line for line in section[:section.index("\n## ", 5)].splitlines()
+             if line.startswith("| `")]
+    named = {name for line in table for name in re.findall(r"`([A-Z][A-Za-z]+)`", line)}
+    emitted = {spec.name for spec in mc.ALL_METRICS if spec.emitter is mc.Emitter.GATEWAY}
+    dimensions = {key for spec in mc.ALL_METRICS for key in spec.dimensions}
+    assert "FirstResponseLatency" in emitted
+    assert emitted - named == set()
+    assert named - emitted - dimensions == set()
