@@ -44,6 +44,10 @@ from request_buckets import RequestBucket
 
 Z99 = 2.326
 """The standard normal's 99th percentile."""
+Z999 = 3.090
+"""The standard normal's 99.9th percentile."""
+FIRST_RESPONSE_P999_MS = 5000.0
+"""Seed 001's "P99.9 first-response latency < 5 s" (``llm.alarms.first_response_p999_ms``)."""
 SHAPE_MISMATCH = 0.5
 """A mix whose mean prompt or output differs from the profile's shape by more than this share
 gets a note: the profile was measured (or estimated) for other requests."""
@@ -55,13 +59,17 @@ class CapacityError(ValueError):
 
 @dataclass(frozen=True)
 class LatencySlo:
-    """What users feel: first token and streaming pace, both p99, in milliseconds."""
+    """What users feel: first token and streaming pace, both p99, in milliseconds; and seed
+    001's p99.9 first response, which the plan reports (it does not size for it: the p99 binds
+    first, docs/capacity.md)."""
 
     time_to_first_token_p99_ms: float
     time_per_output_token_p99_ms: float
+    first_response_p999_ms: float = FIRST_RESPONSE_P999_MS
 
     def __post_init__(self) -> None:
-        for name in ("time_to_first_token_p99_ms", "time_per_output_token_p99_ms"):
+        for name in ("time_to_first_token_p99_ms", "time_per_output_token_p99_ms",
+                     "first_response_p999_ms"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise CapacityError(f"latency SLO {name}: {value!r}; accepted: a number > 0")
@@ -123,6 +131,10 @@ class InstanceCapacity:
     before the simulation of the mix's own buckets replaced it)."""
     tail_source: str = "closed form at the mix's mean request"
     """Where the TTFT and TPOT quantiles and the per-bucket first tokens come from."""
+    time_to_first_token_p999_ms: float = 0.0
+    """The first token's p99.9 over all requests at the batch, from the same model as the p99:
+    the simulation's 7th slowest of 6,000 when it ran, else the closed form's log-normal
+    (:func:`lognormal_p999`). A steady state: no cold engine, no rebuild in it."""
 
     def cap_of(self, bucket: RequestBucket | str) -> int:
         """The gateway's cap for ``bucket``."""
@@ -145,6 +157,15 @@ class InstanceCapacity:
         """The first-token latency of ``bucket``'s typical request."""
         name = RequestBucket(bucket).value
         return next(b for b in self.bucket_latency if b.bucket == name)
+
+
+def lognormal_p999(latency: Latency) -> float:
+    """The p99.9 of a log-normal with ``latency``'s p50 and p99 — the shape the closed form
+    gives each request's first token (:func:`mixture_quantile`): p50 × (p99 / p50) ^ (Z99.9 /
+    Z99). An extrapolation beyond the figures it rests on, so no better than that shape."""
+    if latency.p99_ms <= latency.p50_ms:
+        return latency.p99_ms
+    return latency.p50_ms * (latency.p99_ms / latency.p50_ms) ** (Z999 / Z99)
 
 
 def _limited_by(limits: dict[str, int]) -> str:
@@ -319,10 +340,13 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
     if tail is not None and tail.batch_size == concurrency:
         ttft_all, tpot_all = Latency(tail.ttft.p50_ms, tail.ttft.p99_ms), Latency(
             tail.tpot.p50_ms, tail.tpot.p99_ms)
+        ttft_p999 = (tail.ttft.p999_ms if tail.ttft.p999_ms is not None
+                     else lognormal_p999(ttft_all))
         source = (f"simulated: the mix's own buckets in a closed loop of {concurrency} "
                   f"({tail.requests:,} requests, capacity_model/queue_sim.py)")
     else:
         tail, ttft_all, tpot_all = None, point.ttft, point.tpot
+        ttft_p999 = lognormal_p999(ttft_all)
         source = "closed form at the mix's mean request"
     buckets = _bucket_latency(plan, mix, model, slo, concurrency, uncached, history_reuse, tail)
     return InstanceCapacity(
@@ -351,4 +375,5 @@ def instance_capacity(plan: MemoryPlan, mix: RequestMix, latency: LatencyModel |
         bucket_latency=tuple(buckets),
         closed_form_slo_limit=closed_form,
         tail_source=source,
+        time_to_first_token_p999_ms=round(ttft_p999, 1),
     )

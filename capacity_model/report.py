@@ -169,7 +169,8 @@ def format_capacity(capacity: LlmCapacity, price: PriceComparison | None = None)
         f"max_num_seqs {instance.max_num_seqs}, latency SLO {instance.slo_limit}: limited by "
         f"{instance.limited_by})",
         f"  at that batch                 TTFT p50 {instance.time_to_first_token_p50_ms:,.0f} "
-        f"ms / p99 {instance.time_to_first_token_p99_ms:,.0f} ms, TPOT p50 "
+        f"ms / p99 {instance.time_to_first_token_p99_ms:,.0f} ms / p99.9 "
+        f"{instance.time_to_first_token_p999_ms:,.0f} ms, TPOT p50 "
         f"{instance.time_per_output_token_p50_ms:.1f} ms / p99 "
         f"{instance.time_per_output_token_p99_ms:.1f} ms",
         f"  one request lasts             {instance.request_seconds:.2f} s (TTFT + "
@@ -288,6 +289,9 @@ def format_seeds(capacity: LlmCapacity) -> list[str]:
     slo = capacity.slo.time_to_first_token_p99_ms
     lines.append(f"  {'30+-turn conversations within the SLA':<44}{'-':>26}"
                  f"{f'XL turns p99 {xl:,.0f} ms ({_met(xl <= slo)})':>30}")
+    tail, bound = capacity.instance.time_to_first_token_p999_ms, capacity.slo.first_response_p999_ms
+    lines.append(f"  {f'P99.9 first response < {bound / 1000:g} s (first token)':<44}{'-':>26}"
+                 f"{f'TTFT p99.9 {tail:,.0f} ms ({_met(tail < bound)})':>30}")
     criteria = capacity.fleet_criteria
     if criteria is not None:
         wait = ("not modelled (measured profile, or 100/s beyond the fleet's maximum)"

@@ -100,6 +100,9 @@ class AlarmRule:
     statistic: str | None = None
     expression: str | None = None
     inputs: Mapping[str, MathInput] = field(default_factory=dict)
+    dimensions: Mapping[str, str] = field(default_factory=dict)
+    """Dimensions ``metric`` carries beyond the alarm set's own, fixed to one value (the
+    ``Mode`` of ``FirstResponseLatency``)."""
     notify_insufficient_data: bool = False
     """Also notify on INSUFFICIENT_DATA: for a rule whose failure is the metric's absence, with
     ``missing`` data handling (no datapoint in the whole evaluation range)."""
@@ -111,6 +114,9 @@ class AlarmRule:
             raise ValueError(f"alarm rule {self.name}: a metric needs a statistic")
         if self.expression is not None and not self.inputs:
             raise ValueError(f"alarm rule {self.name}: an expression needs inputs")
+        if self.dimensions and self.metric is None:
+            raise ValueError(f"alarm rule {self.name}: fixed dimensions are for a metric rule "
+                             "(an expression's inputs fix their own)")
         if self.notify_insufficient_data and (
                 self.severity == "page"
                 or self.missing_data != cloudwatch.TreatMissingData.MISSING):
@@ -138,7 +144,7 @@ class AlarmRule:
         if self.metric is not None:
             assert self.statistic is not None
             return contract_metric(
-                self.metric, _dims(self.metric, dimensions_for),
+                self.metric, _dims(self.metric, dimensions_for, self.dimensions),
                 statistic=self.statistic, period=period,
             )
         assert self.expression is not None

@@ -32,7 +32,7 @@ from capacity_model import FleetPlan, FloorPlan
 from gpu_budget import InstanceType, instance_type
 from intents import INTENT_LABELS
 from request_buckets import bucket_bounds
-from stacks.alarm_rules import INSTANCE_COUNT_EXPRESSION
+from stacks.alarm_rules import FIRST_RESPONSE_PERIOD_S, INSTANCE_COUNT_EXPRESSION
 from stacks.alarms import RUNBOOK_BASE_URL, AlarmRule, AlarmSet, EndpointAlarms, contract_metric
 from stacks.settings import ScalingSettings
 
@@ -41,6 +41,8 @@ ENDPOINT_KINDS: tuple[str, ...] = ("llm", "intent")
 
 PERIOD = cdk.Duration.minutes(1)
 """Period of every endpoint widget (the console may widen it for long ranges; see below)."""
+TAIL_PERIOD = cdk.Duration.seconds(FIRST_RESPONSE_PERIOD_S)
+"""Period of the p99.9 lines: the alarm's (a p99.9 over one minute at night is one request)."""
 CALENDAR_PERIOD = cdk.Duration.hours(1)
 """The calendar Lambda runs daily and after deployments: hourly sums keep its points visible."""
 
@@ -353,6 +355,7 @@ class _EndpointSection:
                 left_axis="milliseconds (ms)",
                 annotations=_threshold_line(self.alarms, mc.TIME_TO_FIRST_TOKEN, unit="ms"),
             ),
+            self.first_response(),
             self.prefix_cache(),
             _graph(
                 self.title("Time per output token (ms)"),
@@ -394,6 +397,24 @@ class _EndpointSection:
                 left_axis="requests shed per period", stacked=True,
             ),
         ]
+
+    def first_response(self) -> cloudwatch.GraphWidget:
+        """Seed 001's P99.9 first response beside the first-token p99, each with its alarm line:
+        streamed requests (what the alarm reads) and non-streamed ones (whose first response is
+        the whole answer: drawn, not alarmed), p99.9 at the alarm's period."""
+        tails = [
+            dashboard_metric(mc.FIRST_RESPONSE_LATENCY, {**self.dims, "Mode": mode},
+                             statistic="p99.9", label=f"FirstResponseLatency p99.9 {mode}",
+                             period=TAIL_PERIOD)
+            for mode in mc.RESPONSE_MODES
+        ]
+        return _graph(
+            self.title("First response p99.9 vs first token p99 (ms)"),
+            left=[self.metric(mc.TIME_TO_FIRST_TOKEN, "p99", "TimeToFirstToken p99"), *tails],
+            left_axis="milliseconds (ms)",
+            annotations=[*_threshold_line(self.alarms, mc.TIME_TO_FIRST_TOKEN, unit="ms"),
+                         *_threshold_line(self.alarms, mc.FIRST_RESPONSE_LATENCY, unit="ms")],
+        )
 
     def prefix_cache(self) -> cloudwatch.GraphWidget:
         """Beside time to first token: how much of the prompts the prefix cache served (the

@@ -13,9 +13,9 @@ import pytest
 import metrics_contract as mc
 from request_buckets import (
     BUCKET_NAMES,
+    MIN_MAX_MODEL_LEN,
     REJECTION_BUCKETS,
     UNSIZED,
-    MIN_MAX_MODEL_LEN,
     BucketBounds,
     RequestBucket,
     bucket_bounds,

@@ -29,6 +29,12 @@ class EndpointAlarmSettings(StrictModel):
         "pace (238 words/min ≈ 5 tokens/s, Brysbaert 2019, J. Memory and Language 109). Pages, "
         "rolls back, and sizes the batch the capacity model allows.",
     )
+    first_response_p999_ms: float = Field(
+        5000, gt=0, le=60000,
+        description="LLM: Seed 001's \"P99.9 first-response latency < 5 s including worst-case "
+        "warmup\": arrival to the first token of a streamed answer (or its refusal) at p99.9 "
+        "over 5 minutes. Warns (docs/design-decisions.md#p999-first-response).",
+    )
     release_window_rejection_percent: float = Field(
         0.1, ge=0, le=100,
         description="LLM: share of requests the gateway may shed (429) while a release "

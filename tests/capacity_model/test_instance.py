@@ -131,3 +131,22 @@ def test_an_estimated_profile_and_a_shape_mismatch_are_noted(a10g: MemoryPlan) -
     assert any("mean prompt (1,000 tokens) differs from the decode profile's (300)" in n
                for n in notes)
     assert any("is an assumption (not measured)" in n for n in notes)
+
+
+def test_the_first_token_p999_comes_from_the_same_model_as_the_p99(a10g: MemoryPlan) -> None:
+    """The closed form gives each first token a log-normal through its p50 and p99; its p99.9
+    is that log-normal's: p50 × (p99 / p50) ^ (3.090 / 2.326), above the p99."""
+    from capacity_model.instance import lognormal_p999
+
+    assert lognormal_p999(Latency(100, 200)) == pytest.approx(100 * 2 ** (3.090 / 2.326))
+    assert lognormal_p999(Latency(100, 100)) == 100
+    mix = request_mix(ONE_BUCKET, bucket_bounds(4096))
+    capacity = instance_capacity(a10g, mix, profile_for(a10g, (1, 100, 10), (128, 500, 50)),
+                                 LatencySlo(2000, 100), admission_watermark=0.9)
+    assert capacity.tail_source.startswith("closed form")
+    expected = lognormal_p999(Latency(capacity.time_to_first_token_p50_ms,
+                                      capacity.time_to_first_token_p99_ms))
+    assert capacity.time_to_first_token_p999_ms == pytest.approx(expected, abs=0.2)
+    assert capacity.time_to_first_token_p999_ms > capacity.time_to_first_token_p99_ms
+    with pytest.raises(CapacityError, match="first_response_p999_ms"):
+        LatencySlo(2000, 100, 0)

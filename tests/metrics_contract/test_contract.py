@@ -93,3 +93,36 @@ def test_emf_document_refuses_what_the_contract_does_not_declare(
         values: dict[mc.MetricSpec, float], dimensions: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         mc.emf_document(values, dimensions, timestamp_ms=0)
+
+
+def test_one_document_carries_groups_on_their_own_dimension_sets() -> None:
+    """A rejected request's line: the rejection on its Bucket, the first response on its Mode,
+    one metric directive each, sharing the document's root."""
+    document = mc.emf_document(
+        {mc.ADMISSION_REJECTIONS: 1}, {**DIMS, "Bucket": "S"}, timestamp_ms=5,
+        properties={"event": "request"},
+        also=[({mc.FIRST_RESPONSE_LATENCY: 8.5}, {**DIMS, "Mode": "streamed"})])
+    assert document["_aws"]["CloudWatchMetrics"] == [
+        {"Namespace": "MangaAssist/Inference",
+         "Dimensions": [["EndpointName", "VariantName", "Bucket"]],
+         "Metrics": [{"Name": "AdmissionRejections", "Unit": "Count"}]},
+        {"Namespace": "MangaAssist/Inference",
+         "Dimensions": [["EndpointName", "VariantName", "Mode"]],
+         "Metrics": [{"Name": "FirstResponseLatency", "Unit": "Milliseconds"}]}]
+    assert (document["Bucket"], document["Mode"], document["FirstResponseLatency"]) == (
+        "S", "streamed", 8.5)
+    assert document["event"] == "request"
+
+
+@pytest.mark.parametrize(("also", "message"), [
+    ([({mc.FIRST_RESPONSE_LATENCY: 1}, {**DIMS, "Mode": "partial"})],
+     "Mode='partial' is not accepted; accepted: streamed, whole"),
+    ([({mc.FIRST_RESPONSE_LATENCY: 1}, DIMS)], "published with dimensions"),
+    ([({mc.FIRST_RESPONSE_LATENCY: 1},
+       {"EndpointName": "other", "VariantName": "AllTraffic", "Mode": "whole"})],
+     "dimension EndpointName is 'mangaassist-llm-prod' in one group and 'other' in another"),
+    ([({mc.REQUESTS: 2}, DIMS)], r"\['Requests'\] given in two groups"),
+])
+def test_groups_are_checked_like_the_first(also: list[mc.MetricGroup], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        mc.emf_document({mc.REQUESTS: 1}, DIMS, timestamp_ms=0, also=also)

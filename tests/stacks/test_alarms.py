@@ -71,6 +71,30 @@ def test_single_metric_alarm(alarms: dict[str, dict[str, Any]], suffix: str) -> 
     assert f"{RUNBOOK_BASE_URL}/" in alarm["AlarmDescription"]
 
 
+def test_first_response_p999_holds_seed_001s_five_seconds(
+    alarms: dict[str, dict[str, Any]],
+) -> None:
+    """Seed 001: "P99.9 first-response latency < 5 s including worst-case warmup". The alarm
+    reads the metric the gateway emits on the dimensions it emits it with (the request line's
+    FirstResponseLatency, Mode streamed: tests/containers/llm/test_telemetry.py), at p99.9 —
+    an extended statistic — over 5-minute periods, 2 of 3, and warns."""
+    alarm = alarms[f"{PREFIX}-first-response-p99.9"]
+    assert alarm["Namespace"] == mc.FIRST_RESPONSE_LATENCY.namespace == "MangaAssist/Inference"
+    assert alarm["MetricName"] == mc.FIRST_RESPONSE_LATENCY.name == "FirstResponseLatency"
+    assert alarm["ExtendedStatistic"] == "p99.9" and "Statistic" not in alarm
+    assert alarm["Threshold"] == 5000
+    assert load_settings("prod").llm.alarms.first_response_p999_ms == 5000
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert (alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (300, 3, 2)
+    assert alarm["TreatMissingData"] == "notBreaching"
+    dimensions = {d["Name"]: d["Value"] for d in alarm["Dimensions"]}
+    assert dimensions == {"EndpointName": PREFIX, "VariantName": "AllTraffic", "Mode": "streamed"}
+    assert set(dimensions) == set(mc.FIRST_RESPONSE_LATENCY.dimensions)
+    assert dimensions["Mode"] in (mc.FIRST_RESPONSE_LATENCY.values_of("Mode") or ())
+    assert alarm["AlarmActions"], "a warning notifies the topic directly"
+    assert f"{RUNBOOK_BASE_URL}/first-response-p999.md" in alarm["AlarmDescription"]
+
+
 def test_model_latency_pages_for_the_classifier_only(alarms: dict[str, dict[str, Any]]) -> None:
     # The LLM's ModelLatency is a whole generation: it stays on the dashboard without an alarm.
     assert f"{PREFIX}-model-latency-p99" not in alarms

@@ -343,6 +343,28 @@ def test_latency_widgets_show_p50_p90_p99_and_label_their_units(built: Built) ->
                                                   for p in ("p50", "p90", "p99")]
 
 
+def test_first_response_p999_is_drawn_beside_the_first_token_p99(built: Built) -> None:
+    """Seed 001's P99.9 first response (both modes, at the alarm's 5-minute period) beside the
+    first-token p99, with both alarm lines: 2 s (p99) and 5 s (p99.9)."""
+    widget = built.widget(LLM_TITLE, "First response p99.9")
+    rows = metric_rows(widget)
+    assert [(r.name, r.stat, r.dimensions.get("Mode")) for r in rows] == [
+        ("TimeToFirstToken", "p99", None),
+        ("FirstResponseLatency", "p99.9", "streamed"),
+        ("FirstResponseLatency", "p99.9", "whole")]
+    assert [r.options.get("period", 300) for r in rows] == [60, 300, 300]  # CDK omits 300
+    lines = annotations(widget)
+    alarms = built.settings.llm.alarms
+    assert alarms.first_response_p999_ms == 5000
+    assert "first-response-p99.9" in lines[5000.0]
+    assert "time-to-first-token-p99" in lines[alarms.time_to_first_token_p99_ms]
+    assert "(ms)" in widget["properties"]["yAxis"]["left"]["label"]
+    # beside the first-token widget: the next one in reading order
+    titles = [w["properties"]["title"] for w in built.widgets(LLM_TITLE)]
+    first_token = next(i for i, t in enumerate(titles) if "Time to first token" in t)
+    assert "First response p99.9" in titles[first_token + 1]
+
+
 def test_gpu_widgets_are_annotated_at_100_per_gpu_and_the_alarm(built: Built) -> None:
     gpus = instance_type(built.settings.llm.instance_type).gpu_count
     memory = annotations(built.widget(LLM_TITLE, "GPU memory"))

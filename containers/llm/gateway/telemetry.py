@@ -7,7 +7,9 @@ own documents around that check, so it is not used here.)
 
 * One line per request: an EMF document whose properties are the request's structured log
   (request id, adapter, bucket, tokens, truncation, outcome, latency, time to first token and
-  time per output token ...). Never the content.
+  time per output token ...). Never the content. Its ``FirstResponseLatency`` (arrival to the
+  first answer the caller gets, per ``Mode``) rides in the same line as a second metric
+  directive, on its own dimension set.
 * Event lines: OOM circuit trips, breaker transitions, engine restarts (EMF + log fields).
 * A gauge line every ``GATEWAY_METRICS_INTERVAL_S``: KV usage, running / waiting, preemptions,
   breaker state.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +101,30 @@ class RequestRecord:
             return None
         return (self.last_token_at - self.first_token_at) / self.tokens_after_first
 
+    def first_response_s(self, latency_s: float) -> float | None:
+        """Seconds from arrival to the first answer the caller got (``FirstResponseLatency``),
+        or None for a request that does not count.
+
+        A streamed request that produced a token: its first token (``first_token_at``, the
+        chunk that carries it; the role chunk before it carries no answer). Any other request —
+        non-streamed (the whole response is the first thing the caller gets), a stream that
+        ended without a token (its fallback, error or last chunk), a refusal (429/503: the
+        caller waited that long to be told), a gateway fault, a caller gone before its first
+        token (a lower bound of its wait) — its whole ``latency_s``. Client errors (4xx other
+        than shedding: the caller's mistake, answered before any wait) and warmup requests do
+        not count (docs/design-decisions.md#p999-first-response).
+        """
+        if self.warmup or self.outcome == "client_error":
+            return None
+        if self.stream and self.first_token_at is not None:
+            return max(0.0, self.first_token_at - self.started)
+        return latency_s
+
+    @property
+    def response_mode(self) -> str:
+        """The ``Mode`` dimension of ``FirstResponseLatency``: streamed or whole."""
+        return "streamed" if self.stream else "whole"
+
     def log_fields(self, latency_s: float) -> dict[str, Any]:
         """The structured-log view: non-empty fields, latencies in milliseconds."""
         fields: dict[str, Any] = {
@@ -129,6 +155,9 @@ class RequestRecord:
             fields["queue_wait_ms"] = round(self.queue_wait_s * 1000, 3)
         if self.ttft_s is not None:
             fields["ttft_ms"] = round(self.ttft_s * 1000, 3)
+        first_response_s = self.first_response_s(latency_s)
+        if first_response_s is not None:
+            fields["first_response_ms"] = round(first_response_s * 1000, 3)
         if self.tpot_s is not None:
             fields["tpot_ms"] = round(self.tpot_s * 1000, 3)
         if self.admitted_by is not None:
@@ -169,11 +198,13 @@ class Telemetry:
                      **fields})
 
     def emit(self, values: Mapping[mc.MetricSpec, float], *,
-             dimensions: Mapping[str, str] | None = None, **properties: Any) -> None:
-        """One EMF document (validated by the metrics contract) with log properties."""
+             dimensions: Mapping[str, str] | None = None,
+             also: Sequence[mc.MetricGroup] = (), **properties: Any) -> None:
+        """One EMF document (validated by the metrics contract) with log properties; ``also``:
+        further metrics on their own dimension sets in the same document."""
         document = mc.emf_document(
             values, dimensions if dimensions is not None else self.dimensions,
-            timestamp_ms=self._timestamp_ms(), properties=properties,
+            timestamp_ms=self._timestamp_ms(), properties=properties, also=also,
         )
         self._write(document)
 
@@ -184,10 +215,11 @@ class Telemetry:
         if record.warmup:
             self.log("request", **{k: v for k, v in fields.items() if k != "event"})
             return
+        first_response = self._first_response(record, latency_s)
         if record.outcome == "rejected":
             self.emit({mc.ADMISSION_REJECTIONS: 1},
                       dimensions={**self.dimensions, "Bucket": record.bucket or UNSIZED},
-                      **fields)
+                      also=first_response, **fields)
             if record.refused_while_idle:
                 self.emit({mc.REFUSALS_WHILE_IDLE: 1}, event="refused_while_idle",
                           request_id=record.request_id, bucket=record.bucket)
@@ -215,7 +247,16 @@ class Telemetry:
                 values[mc.TIME_PER_OUTPUT_TOKEN] = record.tpot_s * 1000
         elif record.outcome == "fallback":
             values[mc.FALLBACKS] = 1
-        self.emit(values, **fields)
+        self.emit(values, also=first_response, **fields)
+
+    def _first_response(self, record: RequestRecord, latency_s: float) -> list[mc.MetricGroup]:
+        """``FirstResponseLatency`` of ``record`` on its ``Mode``, as an extra metric group of
+        the request's line (none for a request that does not count)."""
+        seconds = record.first_response_s(latency_s)
+        if seconds is None:
+            return []
+        return [({mc.FIRST_RESPONSE_LATENCY: seconds * 1000},
+                 {**self.dimensions, "Mode": record.response_mode})]
 
     def gauges(self, *, kv_cache_usage: float, running: int, waiting: int,
                preemptions: int, breaker_value: int, **properties: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import metrics_contract as mc
@@ -10,16 +12,25 @@ from gateway.telemetry import RequestRecord, Telemetry
 
 
 def assert_valid_emf(document: dict[str, Any]) -> None:
-    """CloudWatch's rules: every declared metric and dimension is a top-level member."""
-    directive = document["_aws"]["CloudWatchMetrics"][0]
-    assert directive["Namespace"] == mc.NAMESPACE
-    for dimension in directive["Dimensions"][0]:
-        assert isinstance(document[dimension], str)
-    for definition in directive["Metrics"]:
-        spec = mc.metric(definition["Name"])
-        assert definition["Unit"] == spec.unit.value
-        assert isinstance(document[definition["Name"]], float)
-        assert set(spec.dimensions) == set(directive["Dimensions"][0])
+    """CloudWatch's rules: every declared metric and dimension is a top-level member (in every
+    directive: the first response rides in the request's line on its own dimension set)."""
+    for directive in document["_aws"]["CloudWatchMetrics"]:
+        assert directive["Namespace"] == mc.NAMESPACE
+        for dimension in directive["Dimensions"][0]:
+            assert isinstance(document[dimension], str)
+        for definition in directive["Metrics"]:
+            spec = mc.metric(definition["Name"])
+            assert definition["Unit"] == spec.unit.value
+            assert isinstance(document[definition["Name"]], float)
+            assert set(spec.dimensions) == set(directive["Dimensions"][0])
+
+
+def metric_dimensions(document: dict[str, Any], name: str) -> dict[str, str]:
+    """The dimensions ``name`` is published with in ``document`` (KeyError when it is not)."""
+    for directive in document["_aws"]["CloudWatchMetrics"]:
+        if any(m["Name"] == name for m in directive["Metrics"]):
+            return {key: document[key] for key in directive["Dimensions"][0]}
+    raise KeyError(name)
 
 
 def telemetry() -> tuple[Telemetry, list[str]]:
@@ -124,3 +135,114 @@ def test_a_single_token_answer_has_no_pace() -> None:
     (document,) = parsed(lines)
     assert "TimePerOutputToken" not in document and "tpot_ms" not in document
     assert document["TimeToFirstToken"] == 100.0
+
+
+# --- FirstResponseLatency (docs/design-decisions.md#p999-first-response) ---------------------
+def test_a_streamed_answer_first_responds_at_its_first_token() -> None:
+    """Arrival (``started``) to the first token's chunk: the queue wait and the prefill, not
+    the rest of the stream; published per Mode beside the request's other metrics."""
+    sink, lines = telemetry()     # the request ends at 10 s on the monotonic clock
+    record = RequestRecord(request_id="s", path="/invocations", started=6.0, stream=True,
+                           reached_engine=True, bucket="M", completion_tokens=3,
+                           queue_wait_s=0.5, ttft_s=0.7)
+    record.mark_tokens(7.25, 1)
+    record.mark_tokens(9.5, 2)
+    sink.request(record)
+    (document,) = parsed(lines)
+    assert_valid_emf(document)
+    assert document["FirstResponseLatency"] == 1250.0
+    assert document["first_response_ms"] == 1250.0
+    assert document["RequestLatency"] == 4000.0
+    assert metric_dimensions(document, "FirstResponseLatency") == {
+        "EndpointName": "ep", "VariantName": "AllTraffic", "Mode": "streamed"}
+    assert metric_dimensions(document, "Requests") == {"EndpointName": "ep",
+                                                       "VariantName": "AllTraffic"}
+
+
+def test_a_non_streamed_answer_first_responds_with_the_whole_answer() -> None:
+    sink, lines = telemetry()
+    record = RequestRecord(request_id="w", path="/invocations", started=4.0, stream=False,
+                           reached_engine=True, bucket="S", completion_tokens=2, ttft_s=0.2)
+    record.mark_tokens(4.3, 1)    # tokens arrive, but the caller sees nothing until the end
+    record.mark_tokens(5.0, 1)
+    sink.request(record)
+    (document,) = parsed(lines)
+    assert_valid_emf(document)
+    assert document["FirstResponseLatency"] == document["RequestLatency"] == 6000.0
+    assert metric_dimensions(document, "FirstResponseLatency")["Mode"] == "whole"
+
+
+def test_a_stream_without_a_token_first_responds_when_it_ends() -> None:
+    """A fallback (the engine died before any token) reaches the caller at the end."""
+    sink, lines = telemetry()
+    sink.request(RequestRecord(request_id="f", path="/invocations", started=7.0, stream=True,
+                               outcome="fallback", reached_engine=True,
+                               fallback_reason="engine_dead"))
+    (document,) = parsed(lines)
+    assert document["FirstResponseLatency"] == 3000.0
+    assert metric_dimensions(document, "FirstResponseLatency")["Mode"] == "streamed"
+
+
+def test_a_refusal_counts_at_the_time_the_caller_waited_for_it() -> None:
+    """A 429/503 is the caller's first response: a fast one counts as fast, and one that waited
+    for admission counts its wait. One line still: the rejection on its Bucket, the first
+    response on its Mode."""
+    sink, lines = telemetry()
+    sink.request(RequestRecord(request_id="r", path="/invocations", started=0.0, status=503,
+                               outcome="rejected", bucket="L", stream=True,
+                               error_code="engine_unavailable"))
+    (document,) = parsed(lines)
+    assert_valid_emf(document)
+    assert document["AdmissionRejections"] == 1.0
+    assert document["FirstResponseLatency"] == 10_000.0
+    assert metric_dimensions(document, "AdmissionRejections")["Bucket"] == "L"
+    assert metric_dimensions(document, "FirstResponseLatency") == {
+        "EndpointName": "ep", "VariantName": "AllTraffic", "Mode": "streamed"}
+    assert "Bucket" not in metric_dimensions(document, "FirstResponseLatency")
+
+
+def test_client_errors_and_warmup_have_no_first_response() -> None:
+    sink, lines = telemetry()
+    sink.request(RequestRecord(request_id="a", path="/invocations", started=0.0, status=400,
+                               outcome="client_error"))
+    warm = RequestRecord(request_id="b", path="/invocations", started=0.0, stream=True,
+                         warmup=True, reached_engine=True, ttft_s=0.1)
+    warm.mark_tokens(0.5, 1)
+    sink.request(warm)
+    client, warmup = parsed(lines)
+    assert "FirstResponseLatency" not in client and "first_response_ms" not in client
+    assert "_aws" not in warmup and "FirstResponseLatency" not in warmup
+
+
+def test_the_p999_alarm_reads_what_the_gateway_emits() -> None:
+    """The alarm's metric, statistic source and dimensions are those of the request line: the
+    contract's spec, and the Mode value the rule fixes is one a streamed request carries."""
+    from stacks.alarm_rules import first_response_rule
+    from stacks.settings import EndpointAlarmSettings
+
+    rule = first_response_rule(EndpointAlarmSettings())
+    assert rule.metric is mc.FIRST_RESPONSE_LATENCY
+    sink, lines = telemetry()
+    record = RequestRecord(request_id="s", path="/invocations", started=9.5, stream=True,
+                           reached_engine=True, bucket="S", ttft_s=0.1)
+    record.mark_tokens(9.6, 1)
+    sink.request(record)
+    (document,) = parsed(lines)
+    emitted = metric_dimensions(document, rule.metric.name)
+    assert set(emitted) == set(rule.metric.dimensions)
+    assert {key: emitted[key] for key in rule.dimensions} == dict(rule.dimensions)
+
+
+def test_the_gateway_guide_lists_every_metric_the_gateway_emits() -> None:
+    """docs/gateway.md's "Metrics and logs" table names each metric the contract says the
+    gateway emits (FirstResponseLatency included), and no gateway metric the contract lacks."""
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "gateway.md").read_text("utf-8")
+    section = guide[guide.index("## Metrics and logs"):]
+    table = [line for line in section[:section.index("\n## ", 5)].splitlines()
+             if line.startswith("| `")]
+    named = {name for line in table for name in re.findall(r"`([A-Z][A-Za-z]+)`", line)}
+    emitted = {spec.name for spec in mc.ALL_METRICS if spec.emitter is mc.Emitter.GATEWAY}
+    dimensions = {key for spec in mc.ALL_METRICS for key in spec.dimensions}
+    assert "FirstResponseLatency" in emitted
+    assert emitted - named == set()
+    assert named - emitted - dimensions == set()

@@ -39,3 +39,18 @@ def test_streamed_and_plain_requests_report_their_time_per_output_token(
         # 29 tokens after the first, one 20 ms engine step each (never faster than the step)
         assert 19.0 <= document["TimePerOutputToken"] < 60.0
         assert document["tpot_ms"] == round(document["TimePerOutputToken"], 3)
+        # Seed 001's first response: the first token for the stream, the whole answer otherwise
+        # (docs/design-decisions.md#p999-first-response)
+        mode = "streamed" if document["stream"] else "whole"
+        directive = next(d for d in document["_aws"]["CloudWatchMetrics"]
+                         if d["Metrics"] == [{"Name": "FirstResponseLatency",
+                                              "Unit": "Milliseconds"}])
+        assert directive["Dimensions"] == [["EndpointName", "VariantName", "Mode"]]
+        assert document["Mode"] == mode
+        if document["stream"]:
+            # 29 more 20 ms steps came after the first token: at least 0.5 s before the end
+            assert (document["FirstResponseLatency"]
+                    <= document["RequestLatency"] - 29 * 19.0)
+            assert document["FirstResponseLatency"] >= document["TimeToFirstToken"]
+        else:
+            assert document["FirstResponseLatency"] == document["RequestLatency"]
