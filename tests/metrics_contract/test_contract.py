@@ -41,7 +41,7 @@ def test_only_our_emitters_make_custom_metrics() -> None:
 
 
 def test_closed_dimensions_declare_their_values_and_open_ones_do_not() -> None:
-    assert mc.ADMISSION_REJECTIONS.values_of("Bucket") == ("S", "M", "L", "XL")
+    assert mc.ADMISSION_REJECTIONS.values_of("Bucket") == ("S", "M", "L", "XL", "Unsized")
     assert mc.ADMISSION_REJECTIONS.values_of("EndpointName") is None
     for spec in mc.ALL_METRICS:
         for dimension, _ in spec.dimension_values:

@@ -404,11 +404,12 @@ def test_breaker_state_has_a_legend_for_0_1_2(built: Built) -> None:
 def test_admission_rejections_one_metric_per_bucket(built: Built) -> None:
     rows = metric_rows(built.widget(LLM_TITLE, "Admission rejections by bucket"))
     assert [(r.name, r.dimensions["Bucket"]) for r in rows] == [
-        ("AdmissionRejections", bucket) for bucket in ("S", "M", "L", "XL")]
+        ("AdmissionRejections", bucket) for bucket in ("S", "M", "L", "XL", "Unsized")]
     # Labelled with the ranges the gateway and the GPU budget use at prod's 4,096-token window.
     labels = [r.options.get("label") for r in rows]
     assert labels == ["AdmissionRejections S ≤ 512", "AdmissionRejections M 513–1,024",
-                      "AdmissionRejections L 1,025–2,048", "AdmissionRejections XL 2,049–4,096"]
+                      "AdmissionRejections L 1,025–2,048", "AdmissionRejections XL 2,049–4,096",
+                      "AdmissionRejections unsized (refused unparsed)"]
 
 
 def test_an_llm_section_needs_the_context_window(built: Built) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from artifact_manifest import sha256_file
+from gateway.engines.base import EngineConfigError
 from gateway.settings import SettingsError, load_settings
 from gateway.start_cache.fingerprint import (
     MANIFEST_NAME,
@@ -227,7 +228,7 @@ def main(argv: Sequence[str]) -> int:
         else:
             build(args.model_dir, args.out, args.gateway_env_file, serve=shlex.split(args.serve),
                   timeout_s=args.timeout)
-    except (SettingsError, ValueError, OSError) as error:
+    except (SettingsError, EngineConfigError, ValueError, OSError) as error:
         print(f"start-cache: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The GPU host kit's EXTRA measurement for issues 37 and 38 (../shared/gpu-host/README.md: run
+# last, with the gateway's environment exported and PY, PROJECT, MODEL, LOGS, GATEWAY_PORT,
+# VLLM_PORT, LEFT set; the kit run with COLD_TRITON=1, so its own gateway start compiled every
+# Triton kernel into an empty $TRITON_CACHE_DIR).
+#
+#   RUN_SECONDS=570 COLD_TRITON=1 VLLM_COMPARE=0 BATCH_SIZES=1 DECODE_ROUNDS=1 \
+#     EXTRA=KIT/project/tools/gpu_extra.sh EXTRA_SECONDS=330 bash KIT/run.sh
+#
+# 1. start cache: pack that Triton cache as a start-cache artifact (tools.start_cache pack) and
+#    verify it for this host;
+# 2. a start WITH it: the gateway on an empty Triton cache and GATEWAY_START_CACHE=the artifact,
+#    time to /ping 200 and three short requests 1 s apart; then the surge (2x the rate a closed
+#    loop of 64 measured, 20 s) and a burst of 512 (8x max_num_seqs) through it
+#    (benchmarks/gpu_surge.py);
+# 3. a start WITHOUT it: the same, an empty Triton cache and GATEWAY_START_CACHE=off (both
+#    starts come after the kit's, so both have the operating system's file cache warm);
+# 4. vLLM's own server behind its valve, --max-num-queued-tokens sized as vLLM's docs say
+#    (target TTFT x prefill rate: the SLO x the drain rate the gateway measured), the same
+#    surge at the gateway's rate and the same burst.
+# Results under $LOGS/extra (packed into the kit's tarball); the last line sums them up.
+# Knobs (for a dry run on vLLM's CPU build): EXTRA_ADAPTER [smoke] and EXTRA_ADAPTER_DIR
+# [$MODEL/adapters/smoke], EXTRA_CLIENTS [64], EXTRA_CLOSED_S [10], EXTRA_DURATION_S [20],
+# EXTRA_BURST [512]. vLLM's server gets the gateway's ENGINE_* settings.
+set -uo pipefail
+X=$LOGS/extra
+mkdir -p "$X"
+SLO_S=2
+ADAPTER=${EXTRA_ADAPTER:-smoke}
+ADAPTER_DIR=${EXTRA_ADAPTER_DIR:-$MODEL/adapters/smoke}
+VLLM_FLAGS=(--max-model-len "$ENGINE_MAX_MODEL_LEN" --max-num-seqs "$ENGINE_MAX_NUM_SEQS"
+            --max-num-batched-tokens "$ENGINE_MAX_NUM_BATCHED_TOKENS" --enable-lora
+            --max-loras 1 --max-lora-rank "${ENGINE_MAX_LORA_RANK:-8}")
+[ -n "${ENGINE_GPU_MEMORY_UTILIZATION:-}" ] && VLLM_FLAGS+=(--gpu-memory-utilization "$ENGINE_GPU_MEMORY_UTILIZATION")
+[ -n "${ENGINE_BLOCK_SIZE:-}" ] && VLLM_FLAGS+=(--block-size "$ENGINE_BLOCK_SIZE")
+[ "${ENGINE_ENFORCE_EAGER:-false}" = true ] && VLLM_FLAGS+=(--enforce-eager)
+say() { printf '[extra %4ss] %s\n' "$SECONDS" "$*" | tee -a "$X/progress.log"; }
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+
+wait_ping() { # url pid seconds -> 0 when /ping answered 200
+  local deadline=$((SECONDS + $3))
+  until curl -fsS -m 3 "$1/ping" > /dev/null 2>&1; do
+    kill -0 "$2" 2>/dev/null || return 1
+    [ "$SECONDS" -lt "$deadline" ] || return 2
+    sleep 0.5
+  done
+}
+stop() { kill -TERM -- "-$1" 2>/dev/null; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -KILL -- "-$1" 2>/dev/null; sleep 2; }
+
+start_gateway() { # label, then KEY=VALUE environment: starts it, waits for /ping, times it
+  local label=$1; shift
+  local t0; t0=$(date +%s%N)
+  (exec env "$@" setsid "$PY" "$PROJECT/containers/llm/serve" --engine vllm --port "$GATEWAY_PORT") \
+    > "$X/serve-$label.log" 2>&1 &
+  GW=$!
+  if wait_ping "http://127.0.0.1:$GATEWAY_PORT" "$GW" 240; then
+    local healthy_ms; healthy_ms=$(ms_since "$t0")
+    "$PY" "$KIT/hostcheck.py" cold-start "http://127.0.0.1:$GATEWAY_PORT" "$X/first-$label.jsonl" \
+      --requests 3 --interval 1 --timeout-s 60 > "$X/first-$label.log" 2>&1
+    say "start $label: /ping 200 after ${healthy_ms} ms; first requests: $(tail -n 1 "$X/first-$label.log")"
+    grep -E '"(start_phase|start_cache|start_cache_refused)"' "$X/serve-$label.log" | cut -c1-400 >> "$X/progress.log"
+    echo "$label healthy_ms=$healthy_ms" >> "$X/starts.txt"
+    return 0
+  fi
+  say "start $label: FAILED ($(grep -E 'Error|error' "$X/serve-$label.log" | tail -n 2 | tr '\n' ' ' | cut -c1-300))"
+  return 1
+}
+
+surge() { # label url path [--rate R]
+  local label=$1 url=$2 path=$3; shift 3
+  (cd "$PROJECT" && timeout 150 "$PY" benchmarks/gpu_surge.py --url "$url" --path "$path" \
+     --model "$ADAPTER" --label "$label" --multiple 2 --duration-s "${EXTRA_DURATION_S:-20}" \
+     --burst "${EXTRA_BURST:-512}" --clients "${EXTRA_CLIENTS:-64}" \
+     --closed-s "${EXTRA_CLOSED_S:-10}" --slo-s "$SLO_S" --json "$X/surge-$label.json" "$@") > /dev/null 2> "$X/surge-$label.log"
+  say "surge $label: $(grep -E '\] (surge|burst|sustainable)' "$X/surge-$label.log" | cut -c1-400 | tr '\n' ' ')"
+}
+
+# 1. the artifact, from the Triton cache the kit's own (cold) gateway start filled
+say "triton cache from the kit's start: ${TRITON_CACHE_DIR:-unset} ($(find "${TRITON_CACHE_DIR:-/nonexistent}" -type f 2>/dev/null | wc -l) files)"
+(cd "$PROJECT" && "$PY" -m tools.start_cache pack --triton "$TRITON_CACHE_DIR" \
+   --model-dir "$MODEL" --out "$X/start-cache") > "$X/pack.log" 2>&1 || say "pack FAILED: $(tail -n 2 "$X/pack.log" | tr '\n' ' ')"
+(cd "$PROJECT" && "$PY" -m tools.start_cache verify "$X/start-cache" --model-dir "$MODEL") \
+  > "$X/verify.log" 2>&1; say "verify: rc=$? $(tail -n 1 "$X/verify.log" | cut -c1-300)"
+cp "$X/start-cache/start-cache.json" "$X/start-cache.json" 2>/dev/null
+ls -la "$X/start-cache" >> "$X/progress.log" 2>&1
+
+# 2. with the cache
+mkdir -p "$X/triton-with" "$X/triton-without"
+if start_gateway with TRITON_CACHE_DIR="$X/triton-with" GATEWAY_START_CACHE="$X/start-cache"; then
+  surge gateway "http://127.0.0.1:$GATEWAY_PORT" /invocations
+  curl -fsS -m 3 "http://127.0.0.1:$GATEWAY_PORT/ping" > "$X/ping-after-surge.json"
+  stop "$GW"
+fi
+DRAIN=$("$PY" -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["admission"]["drain_tokens_per_s"]))' \
+        "$X/ping-after-surge.json" 2>/dev/null || echo 15000)
+RATE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["rate_per_s"])' \
+       "$X/surge-gateway.json" 2>/dev/null || echo "")
+
+# 3. without it
+start_gateway without TRITON_CACHE_DIR="$X/triton-without" GATEWAY_START_CACHE=off && stop "$GW"
+
+# 4. vLLM's server behind its valve, sized by vLLM's rule from the gateway's measured drain rate
+VALVE=$((DRAIN * SLO_S))
+say "vLLM valve: --max-num-queued-tokens $VALVE (SLO ${SLO_S} s x drain ${DRAIN} tokens/s)"
+(exec setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+   --served-model-name "$GATEWAY_SERVED_MODEL_NAME" --port "$VLLM_PORT" "${VLLM_FLAGS[@]}" \
+   --lora-modules "$ADAPTER=$ADAPTER_DIR" --max-num-queued-tokens "$VALVE") \
+   > "$X/vllm-server.log" 2>&1 &
+VS=$!; t0=$(date +%s%N)
+until curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; do
+  kill -0 "$VS" 2>/dev/null || break; [ "$(ms_since "$t0")" -lt 180000 ] || break; sleep 1
+done
+if curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; then
+  say "vLLM server up after $(ms_since "$t0") ms"
+  surge "vllm-q$VALVE" "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions ${RATE:+--rate "$RATE"}
+else say "vLLM server FAILED: $(grep -E 'Error' "$X/vllm-server.log" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"; fi
+stop "$VS"
+
+"$PY" - "$X" <<'PY'
+import json, pathlib, sys
+x = pathlib.Path(sys.argv[1]); parts = []
+for line in (x / "starts.txt").read_text().splitlines() if (x / "starts.txt").exists() else []:
+    parts.append(line)
+for f in sorted(x.glob("surge-*.json")):
+    r = json.loads(f.read_text()); s = r["surge"]; b = r.get("burst", {})
+    parts.append(f"{r['label']}: surge good {s['good']}/{s['sent']} p99 {s['ttft_p99_ms']:.0f} ms "
+                 f"refusal p99 {s['refusal_p99_ms']:.0f} ms; burst good {b.get('good')}/{b.get('sent')}"
+                 f" p99 {b.get('ttft_p99_ms', float('nan')):.0f} ms refusal p99 {b.get('refusal_p99_ms', float('nan')):.0f} ms")
+print("; ".join(parts))
+PY
