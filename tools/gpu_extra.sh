@@ -23,6 +23,8 @@
 # [$MODEL/adapters/smoke], EXTRA_CLIENTS [64], EXTRA_CLOSED_S [10], EXTRA_DURATION_S [20],
 # EXTRA_BURST [512]. vLLM's server gets the gateway's ENGINE_* settings.
 set -uo pipefail
+# The kit hands these over in the environment; the gateway refuses a GATEWAY_* it does not know.
+export -n GATEWAY_PORT VLLM_PORT LEFT
 X=$LOGS/extra
 mkdir -p "$X"
 SLO_S=2

@@ -133,10 +133,48 @@ class PingPoller:
 
 
 @pytest.mark.budget(reason="the module's engine start lands in its setup, then a full engine rebuild under 32 concurrent requests (47 s on the quiet machine)")
+@dataclass
+class Probe:
+    """A short request sent every 0.1 s across the rebuild: when it left, how it ended."""
+
+    sent: float
+    status: int
+    seconds: float
+    retry_after: str | None
+
+
+async def probe_until_served(client: httpx.AsyncClient, probes: list[Probe],
+                             stop_at: float) -> None:
+    """Short requests 0.1 s apart until one is served or ``stop_at`` passes."""
+    while time.monotonic() < stop_at:
+        sent, started = time.time(), time.perf_counter()
+        response = await client.post("/invocations", json={
+            "messages": [{"role": "user", "content": "Recommend one manga."}], "max_tokens": 4})
+        probes.append(Probe(sent, response.status_code, time.perf_counter() - started,
+                            response.headers.get("Retry-After")))
+        if response.status_code == 200:
+            return
+        await asyncio.sleep(0.1)
+
+
+def held(pid: int) -> dict[str, int]:
+    """What the gateway process holds: open descriptors, threads, its shared-memory files."""
+    shm = sum(1 for entry in Path("/dev/shm").iterdir() if str(pid) in entry.name) \
+        if Path("/dev/shm").is_dir() else 0
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": len(os.listdir(f"/proc/{pid}/task")), "shm": shm}
+
+
 def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerProcess,
                                                                tmp_path: Path) -> None:
+    """A SIGKILL of the engine core under 32 requests: each in flight ends (fallback or
+    answer), requests meanwhile get a 503 at once, the rebuilt engine runs the start's warmup
+    before a live request reaches it, then serves 10 of 10, and the process holds no more than
+    before the death."""
     core = engine_core_pid(gateway.process.pid)
+    before = held(gateway.process.pid)
     poller = PingPoller(gateway.port, tmp_path)
+    probes: list[Probe] = []
 
     async def scenario() -> list[Outcome]:
         first_tokens = asyncio.Event()
@@ -149,6 +187,7 @@ def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerP
             killed_at = time.time()
             os.kill(core, signal.SIGKILL)
             outcomes = await asyncio.gather(*requests)
+            await probe_until_served(client, probes, time.monotonic() + 240)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:  # keep polling until the engine is back
             if poller.statuses and poller.statuses[-1]["engine_generation"] >= 1 and \
@@ -196,6 +235,42 @@ def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerP
     assert len(emf_values(lines, mc.OOM_CIRCUIT_TRIPS.name)) == 1
     (death,) = gateway.events("engine_death")
     assert death["cause"] == "engine_dead"
+    assert_rebuilt_engine_warmed_before_it_served(gateway, samples, probes, killed_at)
+    served = [httpx.post(f"{gateway.url}/invocations", timeout=60.0, json={
+        "model": "manga", "messages": MESSAGES, "max_tokens": 8}).status_code
+        for _ in range(10)]
+    assert served == [200] * 10
+    after = held(gateway.process.pid)
+    print(f"held before the death {before}, after the rebuild {after}")
+    assert after["fds"] <= before["fds"] + 1, (before, after)
+    assert after["threads"] <= before["threads"] + 1, (before, after)
+    assert after["shm"] <= before["shm"], (before, after)
+
+
+def assert_rebuilt_engine_warmed_before_it_served(gateway: ServerProcess,
+                                                  samples: list[dict[str, Any]],
+                                                  probes: list[Probe], killed_at: float) -> None:
+    """Warmup ran on engine 1 before /ping showed it ready; every probe sent before then was
+    answered 503 at once with a Retry-After; the first 200 came after."""
+    lines = gateway.json_lines()
+    rewarm = [index for index, line in enumerate(lines) if line.get("event") == "rewarm_started"]
+    healthy = [index for index, line in enumerate(lines) if line.get("event") == "start_phase"
+               and line.get("phase") == "healthy" and line.get("engine_generation") == 1]
+    assert rewarm and healthy and rewarm[0] < healthy[0], (rewarm, healthy)
+    phases = [line["phase"] for line in lines[rewarm[0]:healthy[0] + 1]
+              if line.get("event") == "start_phase"]
+    assert phases == ["warmup_first_use", "warmup_measure", "healthy"], phases
+    ready_at = min(sample["t"] for sample in samples
+                   if sample["ping"]["engine_generation"] == 1
+                   and sample["ping"]["engine"] == "ready")
+    early = [probe for probe in probes if killed_at < probe.sent < ready_at - 0.05]
+    assert early, "no request arrived during the rebuild"
+    assert {probe.status for probe in early} == {503}, early
+    assert all(probe.retry_after and int(probe.retry_after) >= 1 for probe in early), early
+    slowest = max(probe.seconds for probe in early)
+    print(f"{len(early)} requests during the rebuild: 503 each, slowest {slowest * 1000:.1f} ms")
+    assert slowest < 0.5, slowest
+    assert probes[-1].status == 200 and probes[-1].sent > ready_at - 0.05, probes[-1]
 
 
 def test_sigterm_lets_a_stream_finish_then_exits_0(gateway: ServerProcess) -> None:
