@@ -108,7 +108,7 @@ class GatewayRuntime:
                                             watermark=gateway.admission_watermark,
                                             bucket_caps=gateway.buckets.caps),
             ttft_slo_s=gateway.ttft_slo_s, max_running=settings.engine.max_num_seqs,
-            clock=clock,
+            clock=clock, step_tokens=settings.engine.max_num_batched_tokens,
         )
         self.breaker = CircuitBreaker(
             BreakerPolicy(open_s=gateway.breaker_open_s,

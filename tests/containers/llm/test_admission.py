@@ -423,3 +423,49 @@ def test_a_refusal_under_load_is_not_flagged_as_idle() -> None:
         return caught.value
 
     assert not asyncio.run(scenario()).while_idle
+
+
+def test_a_batch_the_engine_takes_in_one_step_is_admitted_whatever_the_rate_learned() -> None:
+    """A GPU engine prefills a lone 150-token prompt in a ~150 ms step, so a valve that only
+    ever saw lone requests learns ~1,000 tokens a second, while 2,048 tokens take about the same
+    step (the H100 run in docs/gateway.md#surges: 12,898 refused of a closed loop of 64). A
+    backlog that fits one scheduler step and that the engine takes at once is admitted however
+    low the rate: 13 of 20 simultaneous 150-token prompts with a 2,048-token step (the old rule:
+    2); beyond the step, the rate decides again."""
+    async def scenario(step_tokens: int) -> int:
+        book = AdmissionLedger(KvCapacity(10_000, 16), watermark=0.9,
+                               bucket_caps={"S": 64, "M": 64, "L": 64, "XL": 64})
+        admission = AdmissionController(book, ttft_slo_s=2.0, max_running=64,
+                                        prior_rate=100.0, step_tokens=step_tokens)
+        admitted = 0
+        for _ in range(20):
+            try:
+                await admission.acquire(request(250, bucket=LengthBucket.S), max_wait_s=1.0)
+                admitted += 1
+            except AdmissionRejected:
+                pass
+        return admitted
+
+    assert asyncio.run(scenario(0)) == 1  # the floor, then the cap of 100 tokens
+    assert asyncio.run(scenario(2048)) == 13  # 13 × 150 ≤ 2,048 < 14 × 150
+
+
+def test_the_step_rule_holds_only_for_prompts_the_engine_takes_at_once() -> None:
+    """When the pool is full, a prompt waits for KV room and is not prefilled in the next
+    step: the step rule does not admit it (the rate does, or refuses)."""
+    async def scenario() -> tuple[bool, bool]:
+        admission = AdmissionController(ledger(blocks=30), ttft_slo_s=2.0, max_running=64,
+                                        prior_rate=100.0, step_tokens=2048)
+        held = await admission.acquire(request(400, max_tokens=10, bucket=LengthBucket.S),
+                                       max_wait_s=1.0)  # 25 of 30 blocks: 10 more do not fit
+        try:
+            await admission.acquire(request(250, bucket=LengthBucket.S), max_wait_s=0.01)
+            full = True
+        except AdmissionRejected:
+            full = False
+        admission.release(held)
+        return full, admission.valve.fits_step(150, admission.clock())
+
+    admitted_into_a_full_pool, fits = asyncio.run(scenario())
+    assert not admitted_into_a_full_pool
+    assert fits  # the valve's own rule would have: the engine could not take it

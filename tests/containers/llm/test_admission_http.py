@@ -97,10 +97,12 @@ def test_open_breaker_answers_xl_with_a_fresh_context(start_gateway: Any,
     })
     gateway.wait_ready()
     assert httpx.post(f"{gateway.url}/admin/engine/oom").status_code == 200
-    deadline = time.monotonic() + 10
-    while gateway.ping().json()["engine_generation"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    deadline = time.monotonic() + 30
     ping = gateway.ping().json()
+    while (ping["engine_generation"], ping["engine"]) != (1, "ready") \
+            and time.monotonic() < deadline:  # rebuilt, then warmed up before it serves
+        time.sleep(0.05)
+        ping = gateway.ping().json()
     assert ping["breaker"] == "open"
     assert ping["status"] == "healthy"
 

@@ -134,13 +134,14 @@ class AdmissionController:
 
     def __init__(self, ledger: AdmissionLedger, *, ttft_slo_s: float, max_running: int,
                  clock: Callable[[], float] = time.monotonic,
-                 prior_rate: float = PRIOR_DRAIN_TOKENS_PER_S) -> None:
+                 prior_rate: float = PRIOR_DRAIN_TOKENS_PER_S, step_tokens: int = 0) -> None:
         self.ledger = ledger
         self.ttft_slo_s = ttft_slo_s
         self.max_running = max_running
         self.clock = clock
         self.prior_rate = prior_rate
-        self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate)
+        self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
+                                  step_tokens=step_tokens)
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -184,7 +185,9 @@ class AdmissionController:
         parsing too — without the parsing, rendering and tokenizing that, under a burst, keep
         the event loop from the requests it admits (docs/design-decisions.md#surge-admission)."""
         now = self.clock()
-        if self.valve.admits(smallest_prompt_tokens, now):
+        valve = self.valve
+        if valve.admits(smallest_prompt_tokens, now) or (
+                not self._queue and valve.fits_step(smallest_prompt_tokens, now)):
             return None
         return self._refused(None, smallest_prompt_tokens, now)
 
@@ -259,7 +262,15 @@ class AdmissionController:
                             and request.prompt_tokens > valve.cap(now))
             self.arrivals.floor_admits += ticket.floor
             return
+        if self._takes_at_once(ticket) and valve.fits_step(request.prompt_tokens, now):
+            return
         raise self._refused(request.bucket, request.prompt_tokens, now)
+
+    def _takes_at_once(self, ticket: _Ticket) -> bool:
+        """Whether the engine would take ``ticket`` now: nothing queued ahead of it, and its
+        prompt fits the sequences and the KV room left (the valve's step rule holds only for
+        prompts the engine prefills at once, not for those that wait for room)."""
+        return not self._queue and self._blocked(ticket) is None
 
     # --- dispatch ---
     def _blocked(self, ticket: _Ticket) -> RefusalReason | None:

@@ -25,7 +25,14 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
 * **the cap** — ``target_s`` × the lower of the two rates; a request is admitted when the
   backlog with its own prompt fits the cap, **or when nothing is waiting** (the floor: one
   request at a time always goes, so a wrong estimate always gets the first token that corrects
-  it, and at most one such request is in flight).
+  it), **or when it fits one scheduler step** (:meth:`fits_step`: the backlog with it is at most
+  ``step_tokens``, vLLM's ``max_num_batched_tokens``, and no waiting request has shown the
+  engine slow) — the controller asks that only when the engine can take the request at once.
+  A backlog of one step is prefilled in one step, and a rate measured at such a backlog is the
+  step's latency, not the engine's throughput: on a batched GPU engine a lone 150-token prompt
+  takes a 150 ms step (H100, eager, 932 tokens/s learned) and 2,048 about the same step, so
+  without this the valve kept the backlog too small to ever see the batch's rate and refused
+  12,898 requests of a closed loop of 64 (docs/gateway.md#surges).
 
 Why it heals a wrong estimate in seconds: a cap ``k`` times too small still admits by the floor,
 and each window moves the log-rate by ``DRAIN_WEIGHT × log k``; a cap too large admits a
@@ -73,13 +80,19 @@ class Waiting:
 class PrefillValve:
     """The backlog, the measured drain rate and the decision (see the module docstring)."""
 
-    def __init__(self, *, target_s: float, rate: float, weight: float = DRAIN_WEIGHT) -> None:
+    def __init__(self, *, target_s: float, rate: float, weight: float = DRAIN_WEIGHT,
+                 step_tokens: int = 0) -> None:
         if not target_s > 0:
             raise ValueError(f"target_s must be > 0, got {target_s}")
         if not 0 < weight <= 1:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
+        if step_tokens < 0:
+            raise ValueError(f"step_tokens must be >= 0, got {step_tokens}")
         self.target_s = target_s
         self.weight = weight
+        self.step_tokens = step_tokens
+        """Prompt tokens the engine prefills in one scheduler step (:meth:`fits_step`; 0:
+        none)."""
         self._rate = max(MIN_RATE, rate)
         self._waiting: dict[Hashable, Waiting] = {}
         self.backlog = 0
@@ -121,6 +134,12 @@ class PrefillValve:
         """Whether a request with ``own`` prompt tokens may join now: nothing waits (the
         floor), or the backlog with it fits the cap."""
         return not self._waiting or self.backlog + own <= self.cap(now)
+
+    def fits_step(self, own: int, now: float) -> bool:
+        """Whether the backlog with ``own`` more tokens is one scheduler step's prompt tokens
+        at most (:attr:`step_tokens`) and no waiting request has waited long enough to bound
+        the rate (see the module docstring)."""
+        return self.backlog + own <= self.step_tokens and self.bound(now) == math.inf
 
     def drain_s(self, own: int, now: float) -> float:
         """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
