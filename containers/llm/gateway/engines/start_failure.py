@@ -159,7 +159,12 @@ class StderrTail:
     """Tees this process's fd 2 through a pipe while active; keeps the last bytes.
 
     Processes started while it is active (vLLM's engine core) inherit the pipe as their stderr;
-    the reader thread forwards what they write for as long as they live, then ends at EOF.
+    the reader thread forwards what they write for as long as they live, then ends at EOF. One
+    process outlives every engine: multiprocessing's resource tracker, started with the first
+    engine core (spawn), holds the first start's pipe, so that reader stays for the gateway's
+    life (one thread, two descriptors; measured on the CPU build: the core and the tracker both
+    write to the pipe, the gateway's own fd 2 is back on its log). A rebuild's tee ends with its
+    core: nothing grows per rebuild.
     """
 
     def __init__(self, max_bytes: int = TAIL_BYTES) -> None:
