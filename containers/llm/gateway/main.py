@@ -11,11 +11,14 @@ checked). A GPU start cache (GATEWAY_START_CACHE; gateway.start_cache) is verifi
 before the engine is built, or refused with a log line: never fatal. The server answers /ping
 at once (503 warming_up) while the engine starts and warmup
 runs. SIGTERM stops accepting connections, lets in-flight requests finish for up to
-GATEWAY_DRAIN_TIMEOUT_S, then shuts the engine down. Exit 2 also when the engine refuses its
-settings (a block size the platform cannot use, max_model_len above the model's positions, a
-model directory without weights): after one attempt, with one line naming the setting. Exit 3:
-the engine could not start within its retries, or its KV capacity cannot hold one max_model_len
-request.
+GATEWAY_DRAIN_TIMEOUT_S, then shuts the engine down. Exit 2 also for every start failure that
+cannot heal, after one attempt, with one line naming the setting or the library: a block size
+the platform cannot use, max_model_len above the model's positions, a model directory without
+weights, vLLM that cannot be imported (a module missing, a shared library such as libcuda that
+does not load), a configuration vLLM's engine core refuses (a KV cache that cannot hold one
+max_model_len request, a KV space larger than the device; gateway.engines.start_failure). Exit
+3: the engine could not start within its retries (only failures that may heal are retried), or
+its KV capacity cannot hold one max_model_len request under the admission watermark.
 """
 
 from __future__ import annotations

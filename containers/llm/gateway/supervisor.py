@@ -7,7 +7,9 @@ is noticed either by a request (its generate raised EngineDead) or by a light wa
 ``engine.is_dead``; the first report for an engine generation wins, later ones are ignored, so
 a death that fails 64 in-flight requests counts as one trip. The rebuild shuts the dead engine
 down, waits ``backoff × 2^(attempt-1)``, builds a fresh engine and starts it; after
-``max_attempts`` failures the slot is FAILED and /ping turns red.
+``max_attempts`` failures the slot is FAILED and /ping turns red. Only a failure that may heal
+is retried: an :class:`~gateway.engines.base.EngineConfigError` (the engine's verdict that no
+attempt can succeed: settings, image, a configuration its core refused) fails the slot at once.
 
 A rebuilt engine is a cold engine: it is installed WARMING, its warmup (``rewarm``, the same
 passes as at start, :mod:`gateway.lifecycle`) runs on it, and only then is it READY for live

@@ -8,9 +8,10 @@ streaming, error translation, stats, and the supervisor rebuilding a dead engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -755,3 +756,77 @@ def test_the_zero_adapter_has_the_adapters_shape_and_no_weight(tmp_path: Path) -
         source / "adapter_config.json").read_text()
     with pytest.raises(EngineError, match="no safetensors weights"):
         write_zero_adapter(tmp_path / "nothing", tmp_path / "zero2")
+
+
+class FakeTail:
+    """What the engine core left on stderr, as :class:`StderrTail` would keep it."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def text(self, settle_s: float = 0.0) -> str:
+        return self._text
+
+
+def engine_whose_core_printed(settings: Any, stderr: str) -> VllmEngine:
+    """An engine whose core fails to start after printing ``stderr``."""
+    FakeAsyncLLM.start_error = RuntimeError(
+        "Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore': 1}")
+
+    @contextlib.contextmanager
+    def capture() -> Iterator[Any]:
+        yield FakeTail(stderr)
+
+    return VllmEngine(settings, api_loader=fake_api, run_blocking=run_inline,
+                      stderr_capture=capture)
+
+
+def core_traceback(line: str) -> str:
+    return (f"Process EngineCore:\nTraceback (most recent call last):\n  File \"core.py\", "
+            f"line 1, in run_engine_core\n{line}\n")
+
+
+def test_an_engine_core_that_cannot_hold_one_request_is_a_config_error(settings: Any) -> None:
+    cause = ("ValueError: To serve at least one request with the model's max seq len (8192), "
+             "(1.00 GiB KV cache is needed, which is larger than the available KV cache memory "
+             "(0.50 GiB).")
+    engine = engine_whose_core_printed(settings, core_traceback(cause))
+    with pytest.raises(EngineConfigError) as info:
+        asyncio.run(engine.start())
+    assert info.value.setting == "ENGINE_MAX_MODEL_LEN"
+    assert str(info.value).startswith(
+        f"ENGINE_MAX_MODEL_LEN={settings.engine.max_model_len}: vLLM's engine core refused the "
+        f"settings: the KV cache the settings leave cannot hold one max_model_len request: "
+        f"{cause}")
+
+
+@pytest.mark.parametrize(("stderr", "expected"), [
+    (core_traceback("ValueError: Free memory on device cuda:0 (10.2/22.1 GiB) on startup is "
+                    "less than desired GPU memory utilization (0.9, 19.9 GiB)."), EngineError),
+    (core_traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+     EngineOutOfMemory),
+    ("", EngineError),  # no root cause on stderr (a core killed by a signal): retried as before
+])
+def test_an_engine_core_failure_that_may_heal_is_left_to_the_retries(
+        settings: Any, stderr: str, expected: type[Exception]) -> None:
+    with pytest.raises(EngineError) as info:
+        asyncio.run(engine_whose_core_printed(settings, stderr).start())
+    assert type(info.value) is expected
+    if stderr:
+        assert "(root cause: " in str(info.value)
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (OSError("libcuda.so.1: cannot open shared object file: No such file or directory"),
+     EngineConfigError),
+    (OSError(5, "Input/output error"), EngineError),
+])
+def test_an_os_error_importing_vllm_fails_at_once_only_for_a_library(
+        settings: Any, error: OSError, expected: type[Exception]) -> None:
+    def broken() -> VllmApi:
+        raise error
+
+    with pytest.raises(EngineError) as info:
+        asyncio.run(VllmEngine(settings, api_loader=broken).start())
+    assert type(info.value) is expected

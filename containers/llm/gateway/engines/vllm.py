@@ -7,7 +7,11 @@ What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
 * **Start** — in a worker thread (weight loading, profiling and CUDA-graph capture take
   minutes; /ping must keep answering): first ``AsyncEngineArgs.create_engine_config`` (vLLM
   validates the arguments against the model: a refusal cannot heal and is never retried), then
-  ``AsyncLLM.from_vllm_config``. Before that, the model directory and the block size are checked
+  ``AsyncLLM.from_vllm_config``; an engine core that fails has its root cause read from its
+  stderr and classified: a setting no retry changes fails once, the rest is retried
+  (:mod:`gateway.engines.start_failure`). A vLLM that cannot be imported (a module missing, a
+  shared library that does not load) cannot heal either. Before that, the model directory and
+  the block size are checked
   (:mod:`gateway.model_dir`; the block size against
   :data:`gpu_budget.engine_args.BLOCK_SIZE_MULTIPLE` for this device: vLLM finds a wrong one
   only inside the engine-core process, where the start fails with a generic "Engine core
@@ -49,11 +53,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +80,14 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
     TokenLogprob,
+)
+from gateway.engines.start_failure import (
+    ENGINE_CORE_FAILED,
+    StderrTail,
+    cannot_heal,
+    capture_stderr,
+    is_library_load_error,
+    root_cause,
 )
 from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
@@ -323,6 +337,7 @@ class VllmEngine:
         api_loader: Callable[[], VllmApi] = load_vllm_api,
         run_blocking: Callable[..., Any] | None = None,
         zero_adapter_writer: Callable[[Path, Path], None] = write_zero_adapter,
+        stderr_capture: Callable[[], AbstractContextManager[StderrTail]] = capture_stderr,
     ) -> None:
         self._settings = settings
         self._arguments = engine_arguments(settings)
@@ -344,6 +359,7 @@ class VllmEngine:
         self._base_lora_request: Any = None
         self._base_adapter_dir: Path | None = None
         self._phases: dict[str, float] = {}
+        self._stderr_capture = stderr_capture
 
     @property
     def arguments(self) -> Mapping[str, Any]:
@@ -353,18 +369,26 @@ class VllmEngine:
     async def start(self) -> None:
         """Build ``AsyncLLM`` off the event loop, read its KV pool, register the adapters.
 
-        Two steps, so that what cannot heal is told apart from what may: the engine
-        configuration (vLLM validates every argument against the model; a block size the
-        platform cannot use) fails with :class:`EngineConfigError`, which is never retried; the
-        engine itself (weights, profiling, the KV pool, the core process) with EngineError or
-        EngineOutOfMemory, which the supervisor retries.
+        What cannot heal fails with :class:`EngineConfigError`, which is never retried (exit
+        2): vLLM that cannot be imported (a module missing, a shared library that does not
+        load), an engine configuration vLLM refuses (every argument validated against the
+        model; a block size the platform cannot use), and an engine core that failed on a
+        setting no retry changes (its root cause read from its stderr and classified by
+        :mod:`gateway.engines.start_failure`: a KV cache that cannot hold one max_model_len
+        request, a KV space larger than the device). Everything else about the engine itself
+        (weights, free memory, an out-of-memory error, the core process killed) fails with
+        EngineError or EngineOutOfMemory, which the supervisor retries.
         """
         phases = self._phases
         phases.clear()
         mark = time.monotonic()
         try:
             api = self._api = await self._run_blocking(self._api_loader)
-        except ImportError as error:  # cannot heal by retrying: the image is wrong
+        except (ImportError, OSError) as error:
+            if isinstance(error, OSError) and not is_library_load_error(error):
+                raise EngineError(f"vLLM failed to import: {type(error).__name__}: {error}") \
+                    from error
+            # cannot heal by retrying: a module missing, a shared library that does not load
             raise EngineConfigError(
                 f"vLLM cannot be imported in this image: {type(error).__name__}: {error}") \
                 from error
@@ -378,22 +402,19 @@ class VllmEngine:
                 raise
             raise self._config_error(error) from error
         mark = _lap(phases, "engine_config", mark)
-        try:
-            self._engine = await self._run_blocking(
-                api.AsyncLLM.from_vllm_config,
-                vllm_config,
-                stat_loggers=[stat_logger_factory(api, self._snapshot)],
-                enable_log_requests=False,  # prompts are customer data: never in the logs
-                disable_log_stats=False,  # our stat logger needs the scheduler stats
-            )
-        except BaseException as error:
-            if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
-                raise
-            if _is_oom(error, api):
-                raise EngineOutOfMemory(f"vLLM ran out of GPU memory while starting: {error}") \
-                    from error
-            raise EngineError(f"vLLM failed to start: {type(error).__name__}: {error}") \
-                from error
+        with self._stderr_capture() as tail:  # the engine core's stderr: its root cause
+            try:
+                self._engine = await self._run_blocking(
+                    api.AsyncLLM.from_vllm_config,
+                    vllm_config,
+                    stat_loggers=[stat_logger_factory(api, self._snapshot)],
+                    enable_log_requests=False,  # prompts are customer data: never in the logs
+                    disable_log_stats=False,  # our stat logger needs the scheduler stats
+                )
+            except BaseException as error:
+                if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
+                    raise
+                raise self._core_start_error(error, api, tail) from error
         mark = _lap(phases, "engine_core", mark)
         cache = self._engine.vllm_config.cache_config
         if not cache.num_gpu_blocks:
@@ -444,6 +465,30 @@ class VllmEngine:
             raise EngineConfigError(
                 f"{setting}={block_size}: the {api.device_type} attention backend needs a "
                 f"multiple of {multiple}; accepted: {accepted}", setting=setting)
+
+    def _core_start_error(self, error: BaseException, api: VllmApi,
+                          tail: StderrTail) -> EngineError:
+        """What ``AsyncLLM.from_vllm_config`` raised, as the supervisor must treat it.
+
+        When the engine core failed (vLLM's "Engine core initialization failed"), its own root
+        cause is read from its stderr and classified (:mod:`gateway.engines.start_failure`): one
+        that cannot heal is an EngineConfigError (never retried, exit 2); otherwise
+        EngineOutOfMemory or EngineError (retried), with the root cause in the message.
+        """
+        cause = root_cause(tail.text()) if ENGINE_CORE_FAILED in str(error) else None
+        verdict = cannot_heal(cause)
+        if verdict is not None:
+            setting = verdict.setting or ""
+            value = self._arguments.get(setting.removeprefix(ENGINE_ENV_PREFIX).lower(),
+                                        os.environ.get(setting, ""))
+            named = f"{setting}={value}: " if setting else ""
+            return EngineConfigError(f"{named}vLLM's engine core refused the settings: "
+                                     f"{verdict.why}: {(cause or '')[:400]}",
+                                     setting=verdict.setting)
+        detail = f" (root cause: {cause[:300]})" if cause else ""
+        if _is_oom(error, api) or any(marker in (cause or "").lower() for marker in OOM_MARKERS):
+            return EngineOutOfMemory(f"vLLM ran out of GPU memory while starting: {error}{detail}")
+        return EngineError(f"vLLM failed to start: {type(error).__name__}: {error}{detail}")
 
     def _config_error(self, error: BaseException) -> EngineConfigError:
         """vLLM's refusal of the configuration, on one line, naming our setting when it can."""
