@@ -8,6 +8,7 @@ every in-flight ``generate`` gets EngineDeadError; killing that process here doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -132,7 +133,7 @@ class PingPoller:
         self.process.wait(timeout=30)
 
 
-@pytest.mark.budget(reason="the module's engine start lands in its setup, then a full engine rebuild under 32 concurrent requests (47 s on the quiet machine)")
+@pytest.mark.budget(reason="the module's engine start lands in its setup, then three engine rebuilds, each warmed up before it serves, the first under 32 concurrent requests (about 90 s on the quiet machine)")
 @dataclass
 class Probe:
     """A short request sent every 0.1 s across the rebuild: when it left, how it ended."""
@@ -172,6 +173,9 @@ def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerP
     before a live request reaches it, then serves 10 of 10, and the process holds no more than
     before the death."""
     core = engine_core_pid(gateway.process.pid)
+    warm = [httpx.post(f"{gateway.url}/invocations", timeout=60.0, json={
+        "model": "manga", "messages": MESSAGES, "max_tokens": 8}).status_code for _ in range(10)]
+    assert warm == [200] * 10
     before = held(gateway.process.pid)
     poller = PingPoller(gateway.port, tmp_path)
     probes: list[Probe] = []
@@ -240,11 +244,32 @@ def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerP
         "model": "manga", "messages": MESSAGES, "max_tokens": 8}).status_code
         for _ in range(10)]
     assert served == [200] * 10
-    after = held(gateway.process.pid)
-    print(f"held before the death {before}, after the rebuild {after}")
-    assert after["fds"] <= before["fds"] + 1, (before, after)
-    assert after["threads"] <= before["threads"] + 1, (before, after)
-    assert after["shm"] <= before["shm"], (before, after)
+    after = [held(gateway.process.pid)]
+    for generation in (2, 3):  # two more deaths, idle: what a rebuild leaves must not add up
+        os.kill(engine_core_pid(gateway.process.pid), signal.SIGKILL)
+        wait_until_serving(gateway, generation)
+        after.append(held(gateway.process.pid))
+    print(f"held before the first death {before}, after each of 3 rebuilds {after}")
+    # The first rebuild adds one thread and two descriptors for good: the stderr tee of the
+    # first engine's start (engines/start_failure.py), which multiprocessing's resource tracker,
+    # started with that engine, keeps open. Nothing more, and nothing per rebuild.
+    assert after[0]["fds"] <= before["fds"] + 4, (before, after)
+    assert after[0]["threads"] <= before["threads"] + 1, (before, after)
+    assert after[-1]["fds"] <= after[0]["fds"] + 1, (before, after)
+    assert after[-1]["threads"] <= after[0]["threads"], (before, after)
+    assert after[-1]["shm"] <= before["shm"], (before, after)
+
+
+def wait_until_serving(gateway: ServerProcess, generation: int) -> None:
+    """Until /ping shows engine ``generation`` ready (rebuilt and warmed up)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            ping = httpx.get(f"{gateway.url}/ping", timeout=2.0).json()
+            if (ping["engine_generation"], ping["engine"]) == (generation, "ready"):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"engine {generation} not serving within 240 s")
 
 
 def assert_rebuilt_engine_warmed_before_it_served(gateway: ServerProcess,
