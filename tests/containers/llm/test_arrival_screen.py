@@ -95,3 +95,32 @@ def test_warmup_requests_pass_a_full_valve(make_runtime: Any) -> None:
                 "x-mangaassist-warmup": runtime.lifecycle.warmup_token})
 
     assert asyncio.run(scenario()).status_code == 200
+
+
+def test_while_the_engine_is_rebuilt_a_request_gets_a_503_at_once(make_runtime: Any) -> None:
+    """From an engine's death until the rebuilt one has warmed up, a chat request is answered
+    503 ``engine_unavailable`` before it is parsed, its Retry-After the rebuild's expected
+    remaining time; a session request still goes through."""
+    from gateway.engines.base import EngineDead
+
+    runtime, _ = make_runtime(**FAST, GATEWAY_ENGINE_RESTART_BACKOFF_S="0.5",
+                              GATEWAY_RETRY_AFTER_S="1")
+
+    async def scenario() -> tuple[httpx.Response, float, httpx.Response]:
+        async with running(runtime) as client:
+            runtime.supervisor.started_in(30.0)
+            assert runtime.supervisor.report_death(0, EngineDead("test"))
+            started = asyncio.get_running_loop().time()
+            refused = await client.post("/invocations", content=b'{"messages": [',
+                                        headers={"content-type": "application/json"})
+            elapsed = asyncio.get_running_loop().time() - started
+            session = await client.post("/invocations", json={"requestType": "NEW_SESSION"})
+            return refused, elapsed, session
+
+    refused, elapsed, session = asyncio.run(scenario())
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "engine_unavailable"
+    assert "being rebuilt after a failure" in refused.json()["error"]["message"]
+    assert 28 <= int(refused.headers["retry-after"]) <= 30
+    assert elapsed < 0.25
+    assert session.status_code == 200

@@ -149,3 +149,75 @@ def test_a_death_is_counted_with_what_killed_the_engine_not_what_the_first_repor
 
     asyncio.run(scenario())
     assert [e for e in events if e[0] == "death"] == [("death", 0, EngineOutOfMemory)]
+
+
+def test_a_rebuilt_engine_serves_warmup_only_until_its_warmup_succeeds() -> None:
+    """The rebuilt engine is installed WARMING: live requests get no engine (the service
+    answers 503 at once), warmup requests get it; READY only once ``rewarm`` says so. The
+    Retry-After meanwhile is the last start's duration less the rebuild's time so far."""
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> EngineSupervisor:
+        factory = FlakyFactory(failures=0)
+        sup = supervisor(factory)
+        await sup.start()
+        sup.started_in(40.0)
+        warming = asyncio.Event()
+        release = asyncio.Event()
+
+        async def rewarm(generation: int) -> bool:
+            seen["generation"] = generation
+            seen["phase"] = sup.phase
+            seen["live"] = sup.serving()
+            seen["warmup"] = sup.serving(warmup=True)
+            warming.set()
+            await release.wait()
+            return True
+
+        sup.rewarm = rewarm
+        assert sup.report_death(0, EngineDead("boom"))
+        assert sup.serving() is None and sup.serving(warmup=True) is None  # rebuilding
+        remaining = sup.rebuild_remaining_s(sup.recovering_since or 0.0)
+        seen["remaining"] = remaining
+        await asyncio.wait_for(warming.wait(), 5.0)
+        seen["still"] = sup.serving()
+        release.set()
+        engine = await sup.wait_ready(5.0)
+        seen["ready"] = engine is factory.built[1] and sup.serving() is engine
+        await sup.close()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert seen["generation"] == 1 and seen["phase"] is EnginePhase.WARMING
+    assert seen["live"] is None and seen["warmup"] is not None and seen["still"] is None
+    assert seen["remaining"] == 40.0
+    assert seen["ready"] and sup.recovering_since is None
+    assert sup.rebuild_remaining_s(0.0) is None  # no rebuild under way
+
+
+def test_a_rebuilt_engine_that_dies_while_warming_is_rebuilt_again() -> None:
+    async def scenario() -> EngineSupervisor:
+        factory = FlakyFactory(failures=0)
+        sup = supervisor(factory)
+        await sup.start()
+        calls: list[int] = []
+
+        async def rewarm(generation: int) -> bool:
+            calls.append(generation)
+            if generation == 1:  # dies during its warmup
+                assert sup.report_death(1, EngineDead("again"))
+                return False
+            return True
+
+        sup.rewarm = rewarm
+        assert sup.report_death(0, EngineDead("boom"))
+        for _ in range(200):
+            if sup.phase is EnginePhase.READY and sup.generation == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert calls == [1, 2]
+        await sup.close()
+        return sup
+
+    sup = asyncio.run(scenario())
+    assert sup.generation == 2 and sup.restarts == 2
