@@ -5,7 +5,7 @@
 # Triton kernel into an empty $TRITON_CACHE_DIR).
 #
 #   RUN_SECONDS=570 COLD_TRITON=1 VLLM_COMPARE=0 BATCH_SIZES=1 DECODE_ROUNDS=1 \
-#     EXTRA=KIT/project/tools/gpu_extra.sh EXTRA_SECONDS=330 bash KIT/run.sh
+#     EXTRA=KIT/project/benchmarks/gpu_extra.sh EXTRA_SECONDS=330 bash KIT/run.sh
 #
 # 1. start cache: pack that Triton cache as a start-cache artifact (tools.start_cache pack) and
 #    verify it for this host;
