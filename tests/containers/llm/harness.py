@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+import httpx
+
 from gateway.api_schema import ChatCompletionRequest
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import RequestRecord
@@ -52,7 +54,8 @@ class GatewayProcess:
         return httpx.get(f"{self.url}/ping", timeout=2.0)
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """/ping's body once the gateway answers 200."""
+        """/ping's body once the gateway answers 200 and, within ``timeout_s``, ``healthy``:
+        a 200 ``recovering`` (an engine rebuilt or warming up) answers requests with 503."""
 
         def exited() -> str | None:
             if self.process.poll() is None:
@@ -60,9 +63,14 @@ class GatewayProcess:
             return (f"gateway exited with {self.process.returncode}: "
                     f"{self.stderr_path.read_text()[-2000:]}")
 
+        deadline = time.monotonic() + timeout_s
         response = wait_until_ok(f"{self.url}/ping", timeout_s=timeout_s, interval_s=0.05,
                                  name="gateway", exited=exited)
-        return dict(response.json())
+        body = dict(response.json())
+        while body.get("status") == "recovering" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            body = dict(httpx.get(f"{self.url}/ping", timeout=5.0).json())
+        return body
 
     def lines(self) -> list[dict[str, Any]]:
         """Every JSON line the gateway wrote to stdout so far."""

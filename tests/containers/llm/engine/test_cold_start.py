@@ -74,6 +74,7 @@ def test_after_a_warmup_under_load_an_idle_gateway_serves_every_request(
     assert statuses == [200] * 10, (statuses, ttfts)
     assert admission["refused_while_idle"] == 0
     phases = [line["phase"] for line in server.events("start_phase")]
-    assert phases[:2] == ["engine_start", "warmup_first_use"] and phases[-1] == "healthy"
+    assert phases[:3] == ["start_cache", "engine_start", "warmup_first_use"] \
+        and phases[-1] == "healthy"
     engine_start = server.events("start_phase")[0]
     assert {"vllm_import", "engine_config", "engine_core", "adapters"} <= set(engine_start)
