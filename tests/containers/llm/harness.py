@@ -14,8 +14,6 @@ from typing import Any
 
 import httpx
 
-import httpx
-
 from gateway.api_schema import ChatCompletionRequest
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import RequestRecord
