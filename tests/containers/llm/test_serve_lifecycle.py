@@ -160,7 +160,8 @@ def test_crash_loop_turns_ping_red(start_gateway: Any) -> None:
         assert body["status"] in ("warming_up", "recovering")
         time.sleep(0.05)
     assert body.get("status") == "crash_loop", body
-    assert body["reason"].startswith("3 engine deaths within 600 s")
+    deaths = int(body["reason"].split(" ", 1)[0])  # a rebuild may die again before the poll
+    assert deaths >= 3 and body["reason"].endswith("engine deaths within 600 s"), body
     assert gateway.process.poll() is None  # red /ping; SageMaker replaces the instance
     trips = [line for line in gateway.emf() if "OOMCircuitTrips" in line]
     assert len(trips) >= 3

@@ -76,5 +76,6 @@ def test_after_a_warmup_under_load_an_idle_gateway_serves_every_request(
     phases = [line["phase"] for line in server.events("start_phase")]
     assert phases[:3] == ["start_cache", "engine_start", "warmup_first_use"] \
         and phases[-1] == "healthy"
-    engine_start = server.events("start_phase")[0]
+    (engine_start,) = [line for line in server.events("start_phase")
+                      if line["phase"] == "engine_start"]
     assert {"vllm_import", "engine_config", "engine_core", "adapters"} <= set(engine_start)
