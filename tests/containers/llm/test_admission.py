@@ -431,7 +431,7 @@ def test_a_batch_the_engine_takes_in_one_step_is_admitted_whatever_the_rate_lear
     step (the H100 run in docs/gateway.md#surges: 12,898 refused of a closed loop of 64). A
     backlog that fits one scheduler step and that the engine takes at once is admitted however
     low the rate: 13 of 20 simultaneous 150-token prompts with a 2,048-token step (the old rule:
-    2); beyond the step, the rate decides again."""
+    1, the floor); beyond the step, the rate decides again."""
     async def scenario(step_tokens: int) -> int:
         book = AdmissionLedger(KvCapacity(10_000, 16), watermark=0.9,
                                bucket_caps={"S": 64, "M": 64, "L": 64, "XL": 64})
