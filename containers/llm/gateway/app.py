@@ -77,6 +77,7 @@ JSON_MEDIA_TYPE = "application/json"
 CHAT_PATHS = frozenset({"/invocations", "/v1/chat/completions"})
 """The paths a chat request arrives on (/invocations also takes session requests)."""
 STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+WARMUP_HEADER_BYTES = WARMUP_HEADER.encode("latin-1")
 """A streamed request, as far as the request line of one refused unparsed needs to know."""
 
 
@@ -251,17 +252,23 @@ class GatewayRuntime:
     def screen(self, scope: Scope, body: bytes) -> Response | None:
         """A chat request's answer before it is parsed, if it gets one
         (:meth:`ChatService.screen`), logged as the request's one line; None for anything else
-        (sessions, other paths), which the app reads as usual."""
+        (sessions, other paths), which the app reads as usual. The request line is built only
+        for a request answered here."""
         if scope["path"] not in CHAT_PATHS or b'"messages"' not in body:
             return None
+        token = self.lifecycle.warmup_token.encode("latin-1")
+        warmup = any(name == WARMUP_HEADER_BYTES and value == token
+                     for name, value in scope.get("headers") or ())
+        screened = self.service.screen(warmup=warmup)
+        if screened is None:
+            return None
+        error, while_idle = screened
         record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}", path=scope["path"],
                                started=scope.get(ARRIVED_SCOPE_KEY, self.clock()),
                                stream=STREAM_TRUE.search(body) is not None)
-        warmup = dict(scope.get("headers") or []).get(WARMUP_HEADER.encode())
-        record.warmup = warmup is not None and warmup.decode("latin-1") == \
-            self.lifecycle.warmup_token
-        error = self.service.screen(record)
-        return None if error is None else self.error_response(record, error)
+        record.queue_wait_s = 0.0
+        record.refused_while_idle = while_idle
+        return self.error_response(record, error)
 
     def inject_oom(self) -> JSONResponse:
         """Kill the running engine with a simulated OOM (GATEWAY_TEST_MODE only)."""

@@ -388,25 +388,24 @@ class ChatService:
         )
 
     # --- admit ---
-    def screen(self, record: RequestRecord) -> ApiError | None:
-        """The answer a chat request gets before it is parsed, if any: the valve's 429 when not
-        even the smallest prompt would start within the SLO now (the request would be refused
-        after parsing too; :meth:`AdmissionController.screen`). None: read it and decide on its
-        own prompt. While the engine is rebuilt (or the rebuilt one warms up), the 503 of
-        :meth:`engine_unavailable`. Warmup requests go the whole way."""
-        if record.warmup:
+    def screen(self, *, warmup: bool) -> tuple[ApiError, bool] | None:
+        """The answer a chat request gets before it is parsed, if any, and whether it was
+        refused while the engine was nearly idle: the valve's 429 when not even the smallest
+        prompt would start within the SLO now (the request would be refused after parsing too;
+        :meth:`AdmissionController.screen`); while the engine is rebuilt (or the rebuilt one
+        warms up), the 503 of :meth:`engine_unavailable`. None: read it and decide on its own
+        prompt. Warmup requests go the whole way."""
+        if warmup:
             return None
-        if self.supervisor.phase in (EnginePhase.RECOVERING, EnginePhase.WARMING):
-            record.queue_wait_s = 0.0
-            return self.engine_unavailable()
-        if self.supervisor.phase is not EnginePhase.READY:
+        phase = self.supervisor.phase
+        if phase in (EnginePhase.RECOVERING, EnginePhase.WARMING):
+            return self.engine_unavailable(), False
+        if phase is not EnginePhase.READY:
             return None
         rejected = self.admission.screen(self.smallest_prompt_tokens)
         if rejected is None:
             return None
-        record.queue_wait_s = 0.0
-        record.refused_while_idle = rejected.while_idle
-        return self._refusal(rejected)
+        return self._refusal(rejected), rejected.while_idle
 
     def engine_unavailable(self) -> ApiError:
         """The 503 of a request that arrives while no engine serves (starting, rebuilding after
