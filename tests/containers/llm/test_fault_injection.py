@@ -21,6 +21,8 @@ SESSIONS = 64
 TURNS = 30
 INJECT_AFTER = SESSIONS * TURNS * 3 // 10  # turns completed before the OOM
 
+RETRY_FOR_S = 30.0
+"""How long a session keeps sending a refused turn again before it counts as never served."""
 FAULT_ENV = {
     "GATEWAY_TEST_MODE": "true",
     "ENGINE_MAX_MODEL_LEN": "2048",
@@ -62,7 +64,11 @@ async def session(client: httpx.AsyncClient, index: int, seen: Observations,
                 "messages": [*messages, {"role": "user", "content": question}],
                 "mangaassist": {"intent": rng.choice(["recommendation", "order_tracking", "faq"]),
                                 "locale": locale, "pinned_messages": []}}
-        for _attempt in range(20):
+        # A refused turn is sent again every 50 ms for up to 30 s: a 503 during the rebuild now
+        # comes at once (it used to wait for the engine), so a count of tries would measure
+        # how fast the gateway refuses, not whether the turn is served once the engine is back.
+        retry_until = asyncio.get_running_loop().time() + RETRY_FOR_S
+        while asyncio.get_running_loop().time() < retry_until:
             response = await client.post("/invocations", json=body)
             seen.statuses[response.status_code] = seen.statuses.get(response.status_code, 0) + 1
             if response.status_code == 200:
