@@ -81,6 +81,12 @@ def test_first_response_p999_holds_seed_001s_five_seconds(
     alarm = alarms[f"{PREFIX}-first-response-p99.9"]
     assert alarm["Namespace"] == mc.FIRST_RESPONSE_LATENCY.namespace == "MangaAssist/Inference"
     assert alarm["MetricName"] == mc.FIRST_RESPONSE_LATENCY.name == "FirstResponseLatency"
+    # PutMetricAlarm: "When you call PutMetricAlarm and specify a MetricName, you must specify
+    # either Statistic or ExtendedStatistic but not both", and a percentile such as p90 is an
+    # extended statistic (Amazon CloudWatch API Reference, PutMetricAlarm, ExtendedStatistic:
+    # https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference/API_PutMetricAlarm.html;
+    # percentiles pNN.NN: https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/
+    # Statistics-definitions.html).
     assert alarm["ExtendedStatistic"] == "p99.9" and "Statistic" not in alarm
     assert alarm["Threshold"] == 5000
     assert load_settings("prod").llm.alarms.first_response_p999_ms == 5000
