@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,18 @@ LORA_MODULES = ("o_proj", "down_proj")
 LOGIT_SHARPENING = 20.0
 MARGIN = 6.0
 """Logits by which every answer token must lead the next best token once trained."""
+SMOOTHING_JITTER = 0.8
+"""Log-normal spread of the per-channel factors an adapter's inputs are scaled by in training.
+
+AWQ folds a smoothing scale into each pair it balances (norm -> q/k/v, up -> down, v -> o where
+the shapes allow): the quantized ``down_proj`` receives ``x / s`` and its weights carry ``s``,
+so the base computes the same thing, but a LoRA trained on the fp16 base reads ``x / s`` too. On
+this tiny model the ratio of ``down_proj``'s inputs, fp16 to AWQ, spans 0.35-3.5 (5th-95th percentile) and
+an adapter trained without them lost 6-13 logits of its lead on the AWQ base, and whether it
+still answered depended on the CPU's instruction set (it failed CI on one). Trained with factors
+drawn at this spread, the leads kept on the AWQ base were 1.2-6.9 logits across four ATen/oneDNN
+instruction sets (native AVX-512 bf16, AVX-512 core, AVX2, none).
+"""
 
 
 @dataclass(frozen=True)
@@ -137,10 +149,13 @@ def _margin(model: Any, rows: _Rows) -> float:
 
 
 def _fit(model: Any, parameters: Sequence[Any], rows: _Rows, *, max_steps: int,
-         learning_rate: float, margin: float) -> float:
-    """Adam on the cross-entropy of the answer tokens until every answer token leads by
-    ``margin`` logits (an answer that survives the AWQ model's perturbed activations, as a
-    trained model's does) or ``max_steps``; the margin reached."""
+         learning_rate: float, margin: float,
+         perturb: Callable[[bool], None] = lambda _on: None) -> float:
+    """Adam on the cross-entropy of the answer tokens, plus a hinge at ``margin`` + 1, until
+    every answer token leads by ``margin`` logits (an answer that survives the AWQ model's
+    perturbed activations, as a trained model's does) or ``max_steps``; the margin reached.
+    ``perturb(True)`` runs before each step (an adapter's smoothing factors, redrawn) and
+    ``perturb(False)`` before each check, which is made on the unperturbed model."""
     import torch
 
     optimizer = torch.optim.Adam(parameters, lr=learning_rate)
@@ -150,13 +165,22 @@ def _fit(model: Any, parameters: Sequence[Any], rows: _Rows, *, max_steps: int,
     try:
         for step in range(1, max_steps + 1):
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(_tail_logits(model, rows), rows.targets).backward()
+            perturb(True)
+            logits = _tail_logits(model, rows)
+            target = logits.gather(1, rows.targets[:, None])[:, 0]
+            others = logits.scatter(1, rows.targets[:, None], float("-inf")).max(dim=1).values
+            # Cross-entropy's gradient vanishes as the answer becomes certain, long before it
+            # leads by a margin that survives quantization: the hinge keeps pushing until it does.
+            hinge = torch.relu(margin + 1.0 - (target - others)).mean()
+            (torch.nn.functional.cross_entropy(logits, rows.targets) + hinge).backward()
             optimizer.step()
             if step % 10 == 0:
+                perturb(False)
                 reached = _margin(model, rows)
                 if reached >= margin:
                     break
     finally:
+        perturb(False)
         torch.set_num_threads(threads)
     return reached
 
@@ -210,7 +234,7 @@ def train_base(model_dir: Path, out_dir: Path, task: Task, *, max_steps: int = 3
 
 
 def train_lora(model_dir: Path, out_dir: Path, task: Task, *, rank: int = 8,
-               max_steps: int = 600, learning_rate: float = 1e-2, margin: float = MARGIN,
+               max_steps: int = 1500, learning_rate: float = 3e-3, margin: float = MARGIN,
                seed: int = 1) -> Path:
     """Train a LoRA adapter on the last layer's ``o_proj`` and ``down_proj`` (the base frozen)
     on ``task``; write it to ``out_dir`` as PEFT does."""
@@ -223,21 +247,31 @@ def train_lora(model_dir: Path, out_dir: Path, task: Task, *, rank: int = 8,
     alpha, last = 2 * rank, len(model.model.layers) - 1
     layer = model.model.layers[last]
     factors: dict[str, tuple[Any, Any]] = {}
+    jitter: dict[str, Any] = {}
     for name, module in ((f"model.layers.{last}.self_attn.o_proj", layer.self_attn.o_proj),
                          (f"model.layers.{last}.mlp.down_proj", layer.mlp.down_proj)):
         lora_a = torch.nn.Parameter(torch.randn(rank, module.in_features)
                                     / module.in_features ** 0.5)
         lora_b = torch.nn.Parameter(torch.zeros(module.out_features, rank))
         factors[name] = (lora_a, lora_b)
+        jitter[name] = torch.ones(module.in_features)
 
         def hook(_m: Any, inputs: tuple[Any, ...], output: Any, a: Any = lora_a,
-                 b: Any = lora_b) -> Any:
-            return output + (alpha / rank) * (inputs[0] @ a.T) @ b.T
+                 b: Any = lora_b, key: str = name) -> Any:
+            return output + (alpha / rank) * ((inputs[0] * jitter[key]) @ a.T) @ b.T
 
         module.register_forward_hook(hook)
     parameters = [p for pair in factors.values() for p in pair]
+
+    def perturb(on: bool) -> None:
+        for factor in jitter.values():
+            if on:
+                factor.copy_(torch.exp(SMOOTHING_JITTER * torch.randn(factor.shape)))
+            else:
+                factor.fill_(1.0)
+
     reached = _fit(model, parameters, rows, max_steps=max_steps, learning_rate=learning_rate,
-                   margin=margin)
+                   margin=margin, perturb=perturb)
     _check_learned(f"adapter {task.name}", reached, margin)
     tensors = {}
     for name, (lora_a, lora_b) in factors.items():
