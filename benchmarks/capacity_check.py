@@ -2,9 +2,9 @@
 build did through the gateway, with their ratio.
 
 1. **Measure the engine's rates** (the tiny test model × 2, so that its compute shows) with
-   :func:`tools.decode_bench.measure` through the gateway: a profile at the mix's mean shape at
-   several batch sizes (the decode step) and a prompt three times as long alone (the prefill
-   rate);
+   :func:`tools.decode_bench.measure` through the gateway: closed loops of 1, 2, 8 and 24 at
+   1.5 × the mix's mean prompt and twice its answer (the decode step), and that prompt at
+   a third, itself and twice alone (the prefill rate and the front end's per-request work);
    :func:`capacity_model.engine_fit.fit_engine` fits the roofline to them.
 2. **Predict** with the capacity model's own functions, for the production request mix scaled
    to the test model's context (prompts, ``max_tokens`` and answers × ``max_model_len`` /
@@ -12,16 +12,15 @@ build did through the gateway, with their ratio.
    concurrencies, the concurrency at which TTFT p99 reaches ``--ttft-slo-ms``
    (:func:`capacity_model.instance.slo_limit`), the sustainable rate there (Little's law, as
    :func:`capacity_model.instance.instance_capacity` computes it) and what open-loop arrivals at
-   that rate and at 1.5× it keep in flight (:func:`capacity_model.engine_fit.open_loop_batch`).
+   that rate and at 1.5× it keep in flight (:func:`capacity_model.queue_sim.simulate_open`).
 3. **Run those loads** through the gateway (``GATEWAY_TTFT_SLO_S`` at its longest, so the
    engine, not admission, is measured): closed loops at 1, half the limit and the limit, and
    Poisson arrivals at the sustainable rate and 1.5× it, ``--duration-s`` each.
 4. **Judge** (:mod:`capacity_model.check_verdict`): predicted, measured, their ratio, the
    figure's stated tolerance and ``ok``/``OUT`` for every printed figure. **Out of sample**: the
-   rates are fitted on other shapes and loads (``FIT_LOADS``: 1.5 × the mix's mean prompt, half
-   its answer, closed loops of 1, 2, 8 and 24) than the ones judged (the four buckets at their
-   own sizes; closed loops at half the limit and at the limit, Poisson arrivals at the
-   sustainable rate and 1.5× it). The predictions are the plan's own method: the simulated
+   rates are fitted on other shapes and loads (``FIT_LOADS``) than the ones judged (the four
+   buckets at their own sizes; closed loops at half the limit and at the limit, Poisson
+   arrivals at the sustainable rate and 1.5× it). The predictions are the plan's own method: the simulated
    tail of the mix's buckets (:mod:`capacity_model.queue_sim`).
 5. **Exit 1** when any figure is out of its tolerance (``make bench`` fails), 0 when all hold.
 
@@ -58,13 +57,8 @@ from capacity_model.check_verdict import (
     parse_table,
 )
 from capacity_model.decode_speed import Latency
-from capacity_model.engine_fit import (
-    EngineFit,
-    FitError,
-    fit_engine,
-    open_loop_batch,
-)
-from capacity_model.queue_sim import RequestClass, simulate
+from capacity_model.engine_fit import EngineFit, FitError, fit_engine
+from capacity_model.queue_sim import RequestClass, SimulationError, simulate, simulate_open
 from capacity_model.queue_sim import slo_limit as simulated_slo_limit
 from capacity_model.roofline import RooflineInputs
 from stacks.settings import load_environment
@@ -126,25 +120,25 @@ class Model:
             prompt_tokens=sum(b.share * b.prompt_tokens for b in mix), cached_prompt_tokens=0,
             output_tokens=sum(b.share * b.output_tokens for b in mix),
             max_num_batched_tokens=budget)
-        self.serial = fit.serial_request_tokens
 
     def classes(self) -> list[RequestClass]:
-        """Each bucket's prompt (the request's serial overhead added: engine_fit's docstring)
-        and answer, as the simulation draws them."""
-        return [RequestClass(b.name, b.share, b.prompt_tokens + self.serial, b.output_tokens)
+        """Each bucket's prompt and answer, as the simulation draws them."""
+        return [RequestClass(b.name, b.share, b.prompt_tokens, b.output_tokens)
                 for b in self.mix]
 
     def at(self, batch: float) -> Figures:
         """A closed loop of ``batch`` requests, simulated on the mix's own buckets."""
-        run = simulate(self.inputs, self.classes(), max(1, round(batch)), requests=SIM_REQUESTS)
+        run = simulate(self.inputs, self.classes(), max(1, round(batch)), requests=SIM_REQUESTS,
+                       front_end_s=self.fit.front_end_s)
         return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
-                       Latency(run.tpot.p50_ms, run.tpot.p99_ms), batch)
+                       Latency(run.tpot.p50_ms, run.tpot.p99_ms), run.in_flight)
 
     def limit(self, ttft_slo_ms: float) -> int:
         """The largest batch whose simulated TTFT p99 over all requests meets the SLO."""
         limit, _run = simulated_slo_limit(self.inputs, self.classes(), ttft_p99_ms=ttft_slo_ms,
                                           tpot_p99_ms=1e9, max_batch=self.max_seqs,
-                                          requests=SIM_REQUESTS)
+                                          requests=SIM_REQUESTS,
+                                          front_end_s=self.fit.front_end_s)
         return max(1, limit)
 
     def sustainable_per_min(self, batch: int) -> float:
@@ -152,13 +146,15 @@ class Model:
         return self.at(batch).per_min
 
     def open_loop(self, per_min: float) -> Figures | None:
-        """Arrivals at ``per_min``: the batch they keep in flight, or None beyond capacity."""
-        engine_per_s = per_min / 60
-        batch = open_loop_batch(self.inputs, engine_per_s, self.max_seqs)
-        if batch is None:
+        """Poisson arrivals at ``per_min``, simulated (what they keep in flight included), or
+        None beyond capacity."""
+        try:
+            run = simulate_open(self.inputs, self.classes(), per_min / 60,
+                                requests=SIM_REQUESTS, front_end_s=self.fit.front_end_s)
+        except SimulationError:
             return None
-        point = self.at(batch)
-        return Figures(per_min, point.ttft, point.tpot, batch)
+        return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
+                       Latency(run.tpot.p50_ms, run.tpot.p99_ms), run.in_flight)
 
 
 @dataclass(frozen=True)
@@ -252,19 +248,20 @@ def rows_of(load: str, mine: Figures | None, theirs: Figures, failed: int) -> li
 
 
 def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> EngineFit:
-    """The two profiles, measured through the gateway, fitted — on shapes and loads the check
-    does not judge (``FIT_LOADS``): 1.5 × the mix's mean prompt and half its answer (a
-    sequence's share of a CPU step grows with its context, so the fit sees that growth), at 1,
-    2, 8 and 24 in flight, and a prompt three times that alone for the prefill rate (shorter
-    ones are all per-request overhead on the tiny model: the first run's fit failed at 2×)."""
+    """The profiles, measured through the gateway, fitted — on shapes and loads the check does
+    not judge (``FIT_LOADS``): closed loops of 1, 2, 8 and 24 at 1.5 × the mix's mean prompt and
+    twice its answer (the decode step; a long answer keeps the other requests' prefills a
+    small share of it), and that prompt at ⅓, 1 and 2 × alone, ``4 × rounds`` requests each
+    (the prefill line and the front end: engine_fit's docstring)."""
     target = "the gateway on vLLM's CPU build"
     prompt = round(1.5 * sum(b.share * b.prompt_tokens for b in mix))
-    output = max(4, round(sum(b.share * b.output_tokens for b in mix) / 2))
-    short = measure(url, key=KEY, batch_sizes=[1, 2, 8, 24], rounds=rounds,
-                    prompt_tokens=prompt, output_tokens=output, target=target, log=log)
-    long = measure(url, key=KEY, batch_sizes=[1], rounds=rounds + 2, prompt_tokens=3 * prompt,
-                   output_tokens=4, target=target, log=log)
-    return fit_engine(short, long)
+    output = max(4, round(2 * sum(b.share * b.output_tokens for b in mix)))
+    decode = measure(url, key=KEY, batch_sizes=[1, 2, 8, 24], rounds=rounds,
+                     prompt_tokens=prompt, output_tokens=output, target=target, log=log)
+    alone = [measure(url, key=KEY, batch_sizes=[1], rounds=4 * rounds, prompt_tokens=tokens,
+                     output_tokens=4, target=target, log=log)
+             for tokens in (round(prompt / 3), prompt, 2 * prompt)]
+    return fit_engine(decode, alone)
 
 
 async def bucket_prompts(url: str, mix: Sequence[Bucket]) -> dict[str, str]:
@@ -291,9 +288,9 @@ def run(args: argparse.Namespace) -> list[str]:
         lines += [
             f"fitted: step {fit.step_overhead_s * 1000:.2f} ms + "
             f"{1000 / fit.decode_tokens_per_s:.3f} ms a sequence, prefill "
-            f"{fit.prefill_tokens_per_s:,.0f} tokens/s, request overhead "
-            f"{fit.request_overhead_s * 1000:.1f} ms, unloaded jitter TTFT {fit.ttft_jitter:.2f} "
-            f"TPOT {fit.tpot_jitter:.2f}",
+            f"{fit.prefill_tokens_per_s:,.0f} tokens/s, front end "
+            f"{fit.front_end_s * 1000:.1f} ms a request, unloaded jitter TTFT "
+            f"{fit.ttft_jitter:.2f} TPOT {fit.tpot_jitter:.2f}",
             f"mix (production's × {args.max_model_len}/4,096): " + ", ".join(
                 f"{b.name} {b.share:.0%} {b.prompt_tokens}+{b.output_tokens}" for b in mix),
             f"fitted on: {FIT_LOADS}; judged on the buckets at their own sizes, at the loads "

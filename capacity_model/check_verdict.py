@@ -30,8 +30,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-FIT_LOADS = ("closed loops of 1, 2, 8 and 24 at 1.5 x the mix's mean prompt and half its answer,"
-             " and a prompt three times that alone")
+FIT_LOADS = ("closed loops of 1, 2, 8 and 24 at 1.5 x the mix's mean prompt and twice its answer,"
+             " and that prompt at 1/3, 1 and 2 x alone")
 """What the rates are fitted on; no judged load is one of these."""
 
 

@@ -1,30 +1,29 @@
 """The roofline's inputs fitted to a running engine, and what the model predicts for it.
 
 ``benchmarks/capacity_check.py`` checks the capacity model against vLLM's CPU build: it measures
-two decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
+decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
 (:mod:`capacity_model.roofline`) to them, then predicts loads it runs next. The fit:
 
-* **the decode step** ``d(B) = h + B / Rc``: a least-squares line through the TPOT p50 of a
-  profile at the mix's shape (its prefills are short beside its decodes, so its TPOT is the
-  decode step, a sequence's attention over its context included) by batch size — ``h`` the
-  fixed cost of a step, ``Rc`` the decode tokens a second the compute allows. A CPU has no
-  memory roof apart from its compute here (the tiny model's weights sit in cache), so the
-  memory term is set to nothing;
-* **the prefill rate** ``R``: the difference of the single-request TTFT p50 of a *long* and the
-  shorter prompt over the difference of their tokens — the HTTP and gateway time of a request
-  cancels out, and is kept apart as ``request_overhead_s``;
-* **the unloaded jitter**: the p99 over p50 of both at batch 1.
+* **the first token alone** ``TTFT(P) = f + h + P / R``: a least-squares line through the
+  single-request TTFT p50 of three or more prompt lengths — its slope the prefill rate ``R``,
+  its intercept the fixed step ``h`` plus the **front end** ``f``, the per-request work in
+  front of the engine (HTTP, the gateway rendering and tokenizing the prompt), which
+  :mod:`capacity_model.queue_sim` runs as a FIFO server: simultaneous arrivals queue for it;
+* **the decode step** ``d(B) = h + B / Rc``: a least-squares line through a closed loop's TPOT
+  p50 by batch size, less what the other requests' prefills add to it (in a closed loop of
+  ``B`` with ``n``-token answers, each of the other ``B − 1`` prefills its ``P`` tokens about
+  once in a request's ``n`` steps, so ``(B − 1) / n × P / R`` a token) — the simulation adds
+  those chunks back where they fall. A CPU has no memory roof apart from its compute here (the
+  tiny model's weights sit in cache), so the memory term is set to nothing;
+* **the unloaded jitter**: the p99 over p50 of the first token (longest prompt) and of the
+  decode step at batch 1.
 
-**What differs from a GPU.** On the CPU build the gateway's and the client's per-request work
-(HTTP, the chat template, tokenizing, admission) runs on the same cores as the engine, so it is
-not only latency: it takes those cores from the engine's steps. :meth:`EngineFit.inputs` counts
-it as the prompt tokens the engine could have prefilled in that time
-(:attr:`EngineFit.serial_request_tokens`) — a first check without it predicted the closed loops'
-throughput 6 % high and the open loop's ceiling far too high. On a GPU host that work runs on
-the CPU beside the GPU's steps, so the GPU estimates leave it out.
+Issue 39's first run counted the per-request work as prompt tokens the engine could have
+prefilled in that time; with a two-point prefill fit under a loaded host that became ~27,000
+tokens a request and every prediction 4–27 × slow. It is time now, in its own queue.
 
 :func:`open_loop_batch` turns an arrival rate into the batch it keeps in flight (Little's law at
-the closed loop's request time), which is how the model predicts an open-loop load.
+the closed loop's request time), which is how the plan's seed check reads an arrival rate.
 
 Pure module.
 """
@@ -50,28 +49,22 @@ class EngineFit:
     step_overhead_s: float
     decode_tokens_per_s: float
     prefill_tokens_per_s: float
-    request_overhead_s: float
+    front_end_s: float
+    """The serial per-request work in front of the engine (module docstring)."""
     ttft_jitter: float
     tpot_jitter: float
 
-    @property
-    def serial_request_tokens(self) -> float:
-        """The per-request overhead as prompt tokens: what the engine's cores could prefill
-        while the gateway and the client work on a request (module docstring)."""
-        return self.request_overhead_s * self.prefill_tokens_per_s
-
     def inputs(self, *, prompt_tokens: float, cached_prompt_tokens: float,
                output_tokens: float, max_num_batched_tokens: int) -> RooflineInputs:
-        """The roofline at a request shape, with these rates (no memory roof) and the
-        per-request overhead counted as :attr:`serial_request_tokens` more to prefill."""
+        """The roofline at a request shape, with these rates (no memory roof); the front end
+        is the simulation's (``front_end_s``), not the roofline's."""
         return RooflineInputs(
             weights_bytes=1.0, kv_bytes_per_token=1e-9, memory_bandwidth_gb_s=1e6,
             bandwidth_efficiency=1.0, prefill_tokens_per_s=self.prefill_tokens_per_s,
             decode_compute_tokens_per_s=self.decode_tokens_per_s,
-            prompt_tokens=prompt_tokens + self.serial_request_tokens,
-            cached_prompt_tokens=cached_prompt_tokens, output_tokens=output_tokens,
-            ttft_p99_over_p50=self.ttft_jitter, tpot_p99_over_p50=self.tpot_jitter,
-            max_num_batched_tokens=max_num_batched_tokens,
+            prompt_tokens=prompt_tokens, cached_prompt_tokens=cached_prompt_tokens,
+            output_tokens=output_tokens, ttft_p99_over_p50=self.ttft_jitter,
+            tpot_p99_over_p50=self.tpot_jitter, max_num_batched_tokens=max_num_batched_tokens,
             step_overhead_s=self.step_overhead_s)
 
 
@@ -88,29 +81,34 @@ def line_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
-def fit_engine(short: DecodeProfile, long: DecodeProfile) -> EngineFit:
-    """Fit :class:`EngineFit` to a short-prompt profile at several batch sizes and a
-    long-prompt one with a batch-1 point (module docstring)."""
-    overhead, per_sequence = line_fit([(p.batch_size, p.tpot.p50_ms / 1000)
-                                       for p in short.points])
+def fit_engine(decode: DecodeProfile, prompts: Sequence[DecodeProfile]) -> EngineFit:
+    """Fit :class:`EngineFit` to a closed-loop profile at several batch sizes (``decode``) and
+    single-request profiles at three or more prompt lengths (``prompts``, each with a batch-1
+    point); module docstring. FitError names what cannot be fitted."""
+    lengths = sorted({p.prompt_tokens for p in prompts})
+    if len(lengths) < 3:
+        raise FitError(f"the prefill line needs three prompt lengths, got {lengths}")
+    alone = sorted(prompts, key=lambda p: p.prompt_tokens)
+    intercept, seconds_a_token = line_fit([(p.prompt_tokens, p.at(1).ttft.p50_ms / 1000)
+                                           for p in alone])
+    if seconds_a_token <= 0:
+        raise FitError(f"the first token does not grow with the prompt over {lengths} tokens "
+                       f"({seconds_a_token * 1e6:.3f} µs a token): measure longer prompts")
+    prefill = 1 / seconds_a_token
+    answer = max(1, decode.output_tokens)
+    interference = decode.prompt_tokens / prefill / answer
+    step, per_sequence = line_fit([
+        (p.batch_size, p.tpot.p50_ms / 1000 - (p.batch_size - 1) * interference)
+        for p in decode.points])
     if per_sequence <= 0:
         raise FitError(f"the decode step does not grow with the batch ({per_sequence * 1000:.3f}"
                        " ms a sequence): measure larger batches")
-    one_short, one_long = short.at(1), long.at(1)
-    extra_tokens = long.prompt_tokens - short.prompt_tokens
-    extra_s = (one_long.ttft.p50_ms - one_short.ttft.p50_ms) / 1000
-    if extra_tokens <= 0 or extra_s <= 0:
-        raise FitError(f"the long prompt ({long.prompt_tokens} tokens, TTFT "
-                       f"{one_long.ttft.p50_ms:.1f} ms) must be longer and slower than the "
-                       f"short one ({short.prompt_tokens}, {one_short.ttft.p50_ms:.1f} ms)")
-    prefill = extra_tokens / extra_s
-    step_alone = max(0.0, overhead) + short.prompt_tokens / prefill
+    step = max(0.0, step)
     return EngineFit(
-        step_overhead_s=max(0.0, overhead), decode_tokens_per_s=1 / per_sequence,
-        prefill_tokens_per_s=prefill,
-        request_overhead_s=max(0.0, one_short.ttft.p50_ms / 1000 - step_alone),
-        ttft_jitter=max(1.0, one_long.ttft.p99_ms / one_long.ttft.p50_ms),
-        tpot_jitter=max(1.0, one_short.tpot.p99_ms / one_short.tpot.p50_ms))
+        step_overhead_s=step, decode_tokens_per_s=1 / per_sequence,
+        prefill_tokens_per_s=prefill, front_end_s=max(0.0, intercept - step),
+        ttft_jitter=max(1.0, alone[-1].at(1).ttft.p99_ms / alone[-1].at(1).ttft.p50_ms),
+        tpot_jitter=max(1.0, decode.at(1).tpot.p99_ms / decode.at(1).tpot.p50_ms))
 
 
 def open_loop_batch(inputs: RooflineInputs, per_second: float, max_batch: int) -> float | None:

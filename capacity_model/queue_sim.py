@@ -16,6 +16,13 @@ answer), and reads the quantiles off the simulated requests:
   prompt chunks ahead of it, prefills its own uncached tokens chunk by chunk and samples its
   first token at the end of its last chunk's step; then it decodes one token a step until its
   answer is done, and a new request (bucket drawn by share) takes its place;
+* **a front end** (``front_end_s``, 0 for the plan): the per-request work in front of the engine
+  that one request at a time gets (HTTP, the gateway's event loop rendering and tokenizing the
+  prompt) — a FIFO server each request passes through before it joins the engine's queue. On a
+  GPU host it is small beside a step and the plan leaves it out; on the CPU check it is the
+  largest part of a short request's first token, and simultaneous arrivals queue for it;
+* **open loops** (:func:`simulate_open`): Poisson arrivals at a rate instead of a closed loop —
+  a request's end sends nothing, and the figures include the queue that random arrivals build;
 * **jitter** of an unloaded engine (``ttft_p99_over_p50``, ``tpot_p99_over_p50``: p99 over p50
   with nobody queued) multiplies each request's own prefill time and its per-token time by a
   log-normal factor of median 1 whose p99 is that ratio. The queue's tail is the simulation's.
@@ -104,6 +111,9 @@ class SimResult:
     request_s: float
     """Mean arrival-to-last-token time."""
     throughput_per_min: float
+    in_flight: float = 0.0
+    """Requests between arrival and last token, on average over the measured span (Little's
+    L: for a closed loop its batch, for an open loop what the arrivals keep in flight)."""
 
     def ttft_of(self, bucket: str) -> Quantiles:
         """The first-token quantiles of ``bucket``'s requests."""
@@ -134,8 +144,12 @@ class _Loop:
     """The closed loop's state; :func:`simulate` drives it."""
 
     def __init__(self, inputs: RooflineInputs, classes: Sequence[RequestClass],
-                 batch_size: int, seed: int) -> None:
+                 batch_size: int, seed: int, front_end_s: float = 0.0) -> None:
         self.inputs = inputs
+        self.front_end_s = front_end_s
+        self.front_free_s = 0.0
+        self.open_rate = 0.0
+        self.next_open_s = math.inf
         self.classes = tuple(classes)
         total = sum(c.share for c in classes)
         running, self.cumulative = 0.0, []
@@ -167,15 +181,35 @@ class _Loop:
         return max(1, round(drawn))
 
     def arrive(self, at_s: float) -> None:
-        """A new request, drawn from the mix, arriving at ``at_s``."""
+        """A new request, drawn from the mix, arriving at ``at_s``; it joins the engine's queue
+        once the front end has handled it (after those that arrived before it)."""
         klass = self.draw()
         request = _Request(klass, at_s, klass.uncached_tokens, self.arrivals,
                            self.answer_tokens(klass))
         self.arrivals += 1
-        self.pending.append((at_s, request))
+        if self.front_end_s > 0:
+            self.front_free_s = max(at_s, self.front_free_s) + self.front_end_s
+            self.pending.append((self.front_free_s, request))
+        else:
+            self.pending.append((at_s, request))
+
+    def open_arrivals(self) -> None:
+        """In an open loop, every Poisson arrival up to now (or, with the engine idle, up to
+        the next one)."""
+        if not self.open_rate:
+            return
+        if not self.waiting and not self.decoding and not self.pending:
+            self.now = max(self.now, self.next_open_s)
+        while self.next_open_s <= self.now:
+            self.arrive(self.next_open_s)
+            self.next_open_s += self.rng.expovariate(self.open_rate)
 
     def run_step(self) -> None:
-        """Admit what has arrived, run one step, retire what finished."""
+        """Admit what has arrived, run one step, retire what finished. An idle engine waits
+        for the next request instead of stepping."""
+        self.open_arrivals()
+        if not self.waiting and not self.decoding and self.pending:
+            self.now = max(self.now, min(at_s for at_s, _ in self.pending))
         for at_s, request in self.pending:
             if at_s <= self.now:
                 self.waiting.append(request)
@@ -206,7 +240,8 @@ class _Loop:
             self.done.append((request, self.now))
             if request.index >= self.warmup:
                 self.measured += 1
-            self.arrive(self.now + self.rng.random() * duration)
+            if not self.open_rate:
+                self.arrive(self.now + self.rng.random() * duration)
         self.step += 1
 
 
@@ -216,26 +251,45 @@ def _jitter(rng: random.Random, ratio: float) -> float:
 
 
 def simulate(inputs: RooflineInputs, classes: Sequence[RequestClass], batch_size: int, *,
-             requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED) -> SimResult:
+             requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
+             front_end_s: float = 0.0) -> SimResult:
     """Run the closed loop until ``requests`` have finished after the warm-up (module
-    docstring) and return their quantiles.
+    docstring) and return their quantiles; ``front_end_s`` is the serial per-request work in
+    front of the engine.
 
     Remembered per process (the inputs are frozen, the result is frozen and deterministic for
     them): a plan re-solves its reuse at the same batch sizes, and every environment load of a
     process re-makes the same plan, each simulation taking a quarter of a second."""
-    return _simulate(inputs, tuple(classes), batch_size, requests, seed)
+    return _simulate(inputs, tuple(classes), batch_size, requests, seed, front_end_s, 0.0)
+
+
+def simulate_open(inputs: RooflineInputs, classes: Sequence[RequestClass], per_second: float,
+                  *, requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
+                  front_end_s: float = 0.0) -> SimResult:
+    """Poisson arrivals at ``per_second`` (an open loop: nothing waits for an answer before
+    sending) until ``requests`` have finished after the warm-up (the first ``requests`` / 10);
+    ``batch_size`` of the result is 0. SimulationError for a rate the engine cannot keep up
+    with (its queue would grow without bound): the loop stalls at a backlog of ``requests``."""
+    if not (math.isfinite(per_second) and per_second > 0):
+        raise SimulationError(f"per_second: {per_second!r}; accepted: a rate > 0")
+    return _simulate(inputs, tuple(classes), 0, requests, seed, front_end_s, per_second)
 
 
 @functools.lru_cache(maxsize=1024)
 def _simulate(inputs: RooflineInputs, classes: tuple[RequestClass, ...], batch_size: int,
-              requests: int, seed: int) -> SimResult:
-    if batch_size < 1:
+              requests: int, seed: int, front_end_s: float, per_second: float) -> SimResult:
+    if batch_size < 1 and not per_second:
         raise SimulationError(f"batch_size: {batch_size!r}; accepted: >= 1")
     if requests < 100:
         raise SimulationError(f"requests: {requests!r}; accepted: >= 100")
     if not classes:
         raise SimulationError("classes: accepted: at least one request class")
-    loop = _Loop(inputs, classes, batch_size, seed)
+    if not (math.isfinite(front_end_s) and front_end_s >= 0):
+        raise SimulationError(f"front_end_s: {front_end_s!r}; accepted: >= 0 seconds")
+    loop = _Loop(inputs, classes, batch_size, seed, front_end_s)
+    if per_second:
+        loop.open_rate, loop.warmup = per_second, requests // 10
+        loop.next_open_s = loop.rng.expovariate(per_second)
     for _ in range(batch_size):
         loop.arrive(0.0)
     warmup = loop.warmup
@@ -245,6 +299,9 @@ def _simulate(inputs: RooflineInputs, classes: tuple[RequestClass, ...], batch_s
             loop.run_step()
         if len(loop.done) == before and not loop.decoding and not loop.waiting:
             raise SimulationError("the loop stalled")
+        if per_second and len(loop.waiting) + len(loop.pending) > requests:
+            raise SimulationError(f"arrivals at {per_second:g}/s outrun the engine: "
+                                  f"{len(loop.waiting) + len(loop.pending)} requests queued")
     measured = [(r, end) for r, end in loop.done if r.index >= warmup][:requests]
     return _summarize(inputs, measured, batch_size, random.Random(seed + 1))
 
@@ -272,7 +329,8 @@ def _summarize(inputs: RooflineInputs, measured: list[tuple[_Request, float]],
         ttft_by_bucket=tuple((name, _quantiles(values)) for name, values in ttfts.items()),
         tpot=_quantiles(tpots) if tpots else Quantiles(0.0, 0.0),
         request_s=sum(durations) / len(durations),
-        throughput_per_min=60 * len(measured) / max(last - first, 1e-9))
+        throughput_per_min=60 * len(measured) / max(last - first, 1e-9),
+        in_flight=sum(durations) / max(last - first, 1e-9))
 
 
 def _quantiles(seconds: Sequence[float], *, tail: bool = False) -> Quantiles:
@@ -285,14 +343,16 @@ def _quantiles(seconds: Sequence[float], *, tail: bool = False) -> Quantiles:
 
 def slo_limit(inputs: RooflineInputs, classes: Sequence[RequestClass], *, ttft_p99_ms: float,
               tpot_p99_ms: float, max_batch: int, start: int | None = None,
-              requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED) -> tuple[int, SimResult]:
+              requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
+              front_end_s: float = 0.0) -> tuple[int, SimResult]:
     """The largest batch (up to ``max_batch``) whose simulated TTFT p99 over all requests and
     TPOT p99 meet the SLOs, and the simulation there; 0 and the batch-1 run when even one
     request misses them. ``start`` is a first guess (the closed form's limit): the search walks
     from it, assuming the tails grow with the batch."""
 
     def meets(size: int) -> tuple[bool, SimResult]:
-        result = simulate(inputs, classes, size, requests=requests, seed=seed)
+        result = simulate(inputs, classes, size, requests=requests, seed=seed,
+                          front_end_s=front_end_s)
         return (result.ttft.p99_ms <= ttft_p99_ms and result.tpot.p99_ms <= tpot_p99_ms,
                 result)
 
@@ -308,5 +368,6 @@ def slo_limit(inputs: RooflineInputs, classes: Sequence[RequestClass], *, ttft_p
             high = size
         guess = size + 2 if ok else size - 2
     if low == 0:
-        return 0, runs.get(1) or simulate(inputs, classes, 1, requests=requests, seed=seed)
+        return 0, runs.get(1) or simulate(inputs, classes, 1, requests=requests, seed=seed,
+                                          front_end_s=front_end_s)
     return low, runs[low]

@@ -16,49 +16,76 @@ from capacity_model.engine_fit import (
 )
 from capacity_model.roofline import request_seconds
 
-STEP_S, PER_SEQ_S, PREFILL, OVERHEAD_S = 0.010, 0.002, 8000.0, 0.004
+STEP_S, PER_SEQ_S, PREFILL, FRONT_S = 0.010, 0.002, 8000.0, 0.004
+ANSWER = 32
 
 
-def profile(prompt: int, sizes: list[int], *, jitter: float = 1.0) -> DecodeProfile:
+def profile(prompt: int, sizes: list[int], *, jitter: float = 1.0,
+            interference: bool = True) -> DecodeProfile:
     """What an engine with a step of 10 ms + 2 ms a sequence, 8,000 prompt tokens a second and
-    4 ms of HTTP per request shows at batch ``sizes``."""
+    4 ms of front end per request shows at batch ``sizes``: a closed loop's TPOT carries the
+    other requests' prefills, one each per answer of ``ANSWER`` tokens."""
     points = []
     for size in sizes:
-        tpot = (STEP_S + PER_SEQ_S * size) * 1000
-        ttft = (OVERHEAD_S + STEP_S + prompt / PREFILL) * 1000
-        points.append(DecodePoint(size, Latency(ttft, ttft * jitter), Latency(tpot, tpot * 1.02),
-                                  "measured", "synthetic"))
+        tpot = STEP_S + PER_SEQ_S * size
+        if interference:
+            tpot += (size - 1) / ANSWER * prompt / PREFILL
+        ttft = (FRONT_S + STEP_S + prompt / PREFILL) * 1000
+        points.append(DecodePoint(size, Latency(ttft, ttft * jitter),
+                                  Latency(tpot * 1000, tpot * 1000 * 1.02), "measured",
+                                  "synthetic"))
     return DecodeProfile(gpu="cpu", model="m", quantization="bf16", kv_cache_dtype="auto",
-                         prompt_tokens=prompt, output_tokens=32, points=tuple(points))
+                         prompt_tokens=prompt, output_tokens=ANSWER, points=tuple(points))
+
+
+def alone(*prompts: int) -> list[DecodeProfile]:
+    """Single-request profiles at ``prompts`` (the longest with a TTFT p99 1.3 × its p50)."""
+    return [profile(p, [1], jitter=1.3 if p == max(prompts) else 1.0) for p in prompts]
 
 
 def test_the_fit_recovers_the_engines_rates() -> None:
-    fit = fit_engine(profile(24, [1, 2, 4, 8]), profile(600, [1], jitter=1.3))
+    fit = fit_engine(profile(240, [1, 2, 8, 24]), alone(80, 240, 480))
     assert fit.step_overhead_s == pytest.approx(STEP_S)
     assert fit.decode_tokens_per_s == pytest.approx(1 / PER_SEQ_S)
     assert fit.prefill_tokens_per_s == pytest.approx(PREFILL)
-    # The short prompt's TTFT: 4 ms of HTTP + its step (10 ms + 24 tokens' prefill).
-    assert fit.request_overhead_s == pytest.approx(OVERHEAD_S)
+    # The single requests' TTFT line: 4 ms of front end + the step (10 ms) + P / R.
+    assert fit.front_end_s == pytest.approx(FRONT_S)
     assert fit.ttft_jitter == pytest.approx(1.3)
     assert fit.tpot_jitter == pytest.approx(1.02)
-    # On a shared CPU the request's overhead takes the engine's cores: 4 ms = 32 prompt tokens.
-    assert fit.serial_request_tokens == pytest.approx(OVERHEAD_S * PREFILL)
+    # The front end is the simulation's time, not prompt tokens the roofline prefills.
     inputs = fit.inputs(prompt_tokens=100, cached_prompt_tokens=0, output_tokens=10,
                         max_num_batched_tokens=2048)
-    assert inputs.prompt_tokens == pytest.approx(100 + 32)
+    assert inputs.prompt_tokens == 100
+
+
+def test_the_decode_step_is_fitted_without_the_other_requests_prefills() -> None:
+    """Read as it is, a closed loop's TPOT carries (B - 1) / n prefills a token: the step
+    fitted through it would grow 0.94 ms a sequence too fast here."""
+    fit = fit_engine(profile(240, [1, 2, 8, 24]), alone(80, 240, 480))
+    assert 1 / fit.decode_tokens_per_s == pytest.approx(PER_SEQ_S)
+    plain = fit_engine(profile(240, [1, 2, 8, 24], interference=False), alone(80, 240, 480))
+    assert 1 / plain.decode_tokens_per_s < PER_SEQ_S  # the correction is applied, not assumed
 
 
 def test_a_fit_that_cannot_be_made_says_why() -> None:
     with pytest.raises(FitError, match="two distinct batch sizes"):
-        fit_engine(profile(24, [4]), profile(600, [1]))
-    with pytest.raises(FitError, match="must be longer and slower"):
-        fit_engine(profile(600, [1, 2]), profile(24, [1]))
+        fit_engine(profile(24, [4]), alone(80, 240, 480))
+    with pytest.raises(FitError, match="three prompt lengths"):
+        fit_engine(profile(24, [1, 2]), alone(80, 480))
+    flat = [profile(p, [1]) for p in (80, 240, 480)]
+    flat = [DecodeProfile(gpu="cpu", model="m", quantization="bf16", kv_cache_dtype="auto",
+                          prompt_tokens=p.prompt_tokens, output_tokens=4,
+                          points=(DecodePoint(1, Latency(20.0, 20.0), Latency(5.0, 5.0),
+                                              "measured", "synthetic"),))
+            for p in flat]
+    with pytest.raises(FitError, match="does not grow with the prompt"):
+        fit_engine(profile(24, [1, 2]), flat)
     assert line_fit([(1, 3), (3, 7)]) == pytest.approx((1, 2))
 
 
 def test_an_open_loop_rate_becomes_the_batch_littles_law_keeps_in_flight() -> None:
     fit = EngineFit(step_overhead_s=STEP_S, decode_tokens_per_s=1 / PER_SEQ_S,
-                    prefill_tokens_per_s=PREFILL, request_overhead_s=0.0, ttft_jitter=1.0,
+                    prefill_tokens_per_s=PREFILL, front_end_s=0.0, ttft_jitter=1.0,
                     tpot_jitter=1.0)
     inputs = fit.inputs(prompt_tokens=200, cached_prompt_tokens=0, output_tokens=40,
                         max_num_batched_tokens=2048)

@@ -12,6 +12,7 @@ from capacity_model.queue_sim import (
     SimulationError,
     quantile,
     simulate,
+    simulate_open,
     slo_limit,
 )
 from capacity_model.roofline import RooflineInputs, step_seconds
@@ -87,6 +88,46 @@ def test_bad_inputs_name_the_field() -> None:
     with pytest.raises(SimulationError, match="spread"):
         RequestClass("S", 1.0, 100, 10, spread=1.0)
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_the_front_end_is_a_queue_requests_pass_one_at_a_time() -> None:
+    """The front end is a FIFO server, not latency added to each request: alone, a request's
+    first token is 10 ms later; under Poisson arrivals at 80 % of its 100 a second, requests
+    also wait for each other there — the M/D/1 queue's mean wait, ρ / (2μ(1 − ρ)) = 20 ms —
+    on an engine fast enough (1 ms steps) not to be the bottleneck."""
+    inputs = _inputs()
+    klass = [RequestClass("M", 1.0, 100, 200, spread=0.0)]
+    alone = simulate(inputs, klass, 1, requests=200, front_end_s=0.010)
+    alone_plain = simulate(inputs, klass, 1, requests=200)
+    assert alone.ttft.p50_ms == pytest.approx(alone_plain.ttft.p50_ms + 10, abs=0.5)
+    fast = _inputs(step_overhead_s=0.001, weights_bytes=1.0, prefill_tokens_per_s=1e9,
+                   decode_compute_tokens_per_s=1e9)
+    short = [RequestClass("M", 1.0, 10, 2, spread=0.0)]
+    engine_only = simulate_open(fast, short, 80.0, requests=6000).request_s
+    queued = simulate_open(fast, short, 80.0, requests=6000, front_end_s=0.010)
+    assert engine_only < 0.004
+    # 29.7-30.7 ms over four seeds: the wait, the service, a share of a step at the engine.
+    assert queued.request_s - engine_only == pytest.approx(0.020 + 0.010, rel=0.06)
+    with pytest.raises(SimulationError, match="front_end_s"):
+        simulate(inputs, klass, 8, requests=400, front_end_s=-1.0)
+
+
+def test_an_open_loop_keeps_littles_law_and_refuses_a_rate_beyond_the_engine() -> None:
+    """Poisson arrivals: the throughput is the arrival rate, what is in flight is the rate
+    times the time a request lasts, and the random gaps make a longer first-token tail than
+    a closed loop holding the same number in flight."""
+    inputs = _inputs()
+    mix = [RequestClass("S", 0.85, 100, 100), RequestClass("XL", 0.15, 2500, 100)]
+    rate = 0.6 * simulate(inputs, mix, 32, requests=2000).throughput_per_min / 60
+    run = simulate_open(inputs, mix, rate, requests=3000)
+    assert run.throughput_per_min / 60 == pytest.approx(rate, rel=0.05)
+    assert run.in_flight == pytest.approx(rate * run.request_s, rel=0.05)
+    closed = simulate(inputs, mix, max(1, round(run.in_flight)), requests=3000)
+    assert run.ttft.p99_ms > closed.ttft.p99_ms
+    with pytest.raises(SimulationError, match="outrun the engine"):
+        simulate_open(inputs, mix, 20 * rate, requests=500)
+    with pytest.raises(SimulationError, match="per_second"):
+        simulate_open(inputs, mix, 0.0)
 
 
 def test_identical_requests_move_in_waves_unless_answers_vary() -> None:
