@@ -20,8 +20,9 @@ build did through the gateway, with their ratio.
    figure's stated tolerance and ``ok``/``OUT`` for every printed figure. **Out of sample**: the
    rates are fitted on other shapes and loads (``FIT_LOADS``) than the ones judged (the four
    buckets at their own sizes; closed loops at half the limit and at the limit, Poisson
-   arrivals at the sustainable rate and 1.5× it). The predictions are the plan's own method: the simulated
-   tail of the mix's buckets (:mod:`capacity_model.queue_sim`).
+   arrivals at the sustainable rate and 1.5× it). The predictions are the plan's own method:
+   the simulated tail of the mix's buckets (:mod:`capacity_model.queue_sim`), the front end's
+   queue included.
 5. **Exit 1** when any figure is out of its tolerance (``make bench`` fails), 0 when all hold.
 
 The machine's load average is printed before and after (the figures are noisy on a shared
@@ -66,6 +67,11 @@ from tools.decode_bench import calibrate, measure, one_request, percentile
 
 KEY = ("vLLM CPU", "tiny-llama3", "bfloat16", "auto")
 SIM_REQUESTS = 3000
+SLO_OVER_ALONE = 6
+"""The TTFT p99 SLO the check finds its limit at, over the predicted single-request TTFT p50
+(production: 2 s over a few hundred ms). Issue 39's first run used 4 × a p50 predicted 15 ×
+too slow; at 4 × the corrected ~11 ms the SLO (40 ms) is within the CPU host's own jitter and
+admits one request in flight, which leaves no loop to judge at the limit."""
 PRODUCTION_CONTEXT = 4096
 MODEL_SCALE = 2
 """The tiny model × 2 (hidden 512, 4 layers, ~9M parameters): at × 1 its prefill and per-sequence
@@ -282,7 +288,7 @@ def run(args: argparse.Namespace) -> list[str]:
         mix = scaled_mix(args.max_model_len)
         fit = fit_profiles(url, args.rounds, mix)
         model = Model(fit, mix, engine.max_num_batched_tokens, engine.max_num_seqs)
-        slo_ms = args.ttft_slo_ms or round(4 * model.at(1).ttft.p50_ms, -1)
+        slo_ms = args.ttft_slo_ms or round(SLO_OVER_ALONE * model.at(1).ttft.p50_ms, -1)
         limit = model.limit(slo_ms)
         rate = model.sustainable_per_min(limit)
         lines += [
@@ -314,7 +320,7 @@ def run(args: argparse.Namespace) -> list[str]:
             figures, failed = measured(done, args.duration_s)
             lines.append(f"sent: {load} = {len(done)}")
             rows += rows_of(load, mine, figures, failed)
-            if load == f"closed {max(2, limit)}":
+            if limit >= 2 and load == f"closed {limit}":
                 rows.append(Row(load, "TTFT p99 within SLO", "yes (limit)",
                                 "yes" if figures.ttft.p99_ms <= slo_ms else "no"))
     lines += table(rows, parse_sent("\n".join(lines)))
@@ -349,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="requests per worker in the fit")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--ttft-slo-ms", type=float, default=0.0,
-                        help="the TTFT p99 SLO the limit is found at (0: 4 × the predicted "
+                        help="the TTFT p99 SLO the limit is found at (0: 6 × the predicted "
                              "single-request p50)")
     parser.add_argument("--judge", default=None,
                         help="re-judge a saved output (no engine started)")
