@@ -12,17 +12,19 @@ build did through the gateway, with their ratio.
    concurrencies, the concurrency at which TTFT p99 reaches ``--ttft-slo-ms``
    (:func:`capacity_model.instance.slo_limit`), the sustainable rate there (Little's law, as
    :func:`capacity_model.instance.instance_capacity` computes it) and what open-loop arrivals at
-   that rate and at 1.5× it keep in flight (:func:`capacity_model.queue_sim.simulate_open`).
+   the plan's target share of that rate (``1 / (1 + headroom)``, prod's) and at the rate itself
+   do (:func:`capacity_model.queue_sim.simulate_open`).
 3. **Run those loads** through the gateway (``GATEWAY_TTFT_SLO_S`` at its longest, so the
-   engine, not admission, is measured): closed loops at 1, half the limit and the limit, and
-   Poisson arrivals at the sustainable rate and 1.5× it, ``--duration-s`` each.
+   engine, not admission, is measured): closed loops at half the limit and the limit, and
+   Poisson arrivals at the plan's target share and the sustainable rate, ``--duration-s``
+   each.
 4. **Judge** (:mod:`capacity_model.check_verdict`): predicted, measured, their ratio, the
    figure's stated tolerance and ``ok``/``OUT`` for every printed figure. **Out of sample**: the
    rates are fitted on other shapes and loads (``FIT_LOADS``) than the ones judged (the four
    buckets at their own sizes; closed loops at half the limit and at the limit, Poisson
-   arrivals at the sustainable rate and 1.5× it). The predictions are the plan's own method:
-   the simulated tail of the mix's buckets (:mod:`capacity_model.queue_sim`), the front end's
-   queue included.
+   arrivals at the plan's target share and the sustainable rate). The predictions are the
+   plan's own method: the simulated tail of the mix's buckets
+   (:mod:`capacity_model.queue_sim`), the front end's queue included.
 5. **Exit 1** when any figure is out of its tolerance (``make bench`` fails), 0 when all hold.
 
 The machine's load average is printed before and after (the figures are noisy on a shared
@@ -109,6 +111,13 @@ def load_average() -> str:
     return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+def plan_share() -> float:
+    """The share of its sustainable rate the plan holds an instance at (``1 / (1 +
+    headroom)``, prod's target tracking): the open loops run there and at the sustainable
+    rate itself."""
+    return round(1 / (1 + load_environment("prod").plans.llm_capacity.fleet.headroom), 2)
+
+
 def scaled_mix(max_model_len: int) -> list[Bucket]:
     """Production's request mix × ``max_model_len`` / 4,096."""
     mix = load_environment("prod").plans.llm_capacity.mix
@@ -118,7 +127,10 @@ def scaled_mix(max_model_len: int) -> list[Bucket]:
 
 
 class Model:
-    """The capacity model's predictions for the scaled mix on the fitted engine."""
+    """The capacity model's predictions for the scaled mix on the fitted engine. On this host
+    the gateway's per-request work (the front end) runs on the engine's two cores, so the
+    simulation charges it to the engine's steps (``shared_cores``); the plan's GPU figures
+    have neither."""
 
     def __init__(self, fit: EngineFit, mix: Sequence[Bucket], budget: int, max_seqs: int):
         self.fit, self.mix, self.max_seqs = fit, mix, max_seqs
@@ -135,7 +147,7 @@ class Model:
     def at(self, batch: float) -> Figures:
         """A closed loop of ``batch`` requests, simulated on the mix's own buckets."""
         run = simulate(self.inputs, self.classes(), max(1, round(batch)), requests=SIM_REQUESTS,
-                       front_end_s=self.fit.front_end_s)
+                       front_end_s=self.fit.front_end_s, shared_cores=True)
         return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
                        Latency(run.tpot.p50_ms, run.tpot.p99_ms), run.in_flight)
 
@@ -144,7 +156,7 @@ class Model:
         limit, _run = simulated_slo_limit(self.inputs, self.classes(), ttft_p99_ms=ttft_slo_ms,
                                           tpot_p99_ms=1e9, max_batch=self.max_seqs,
                                           requests=SIM_REQUESTS,
-                                          front_end_s=self.fit.front_end_s)
+                                          front_end_s=self.fit.front_end_s, shared_cores=True)
         return max(1, limit)
 
     def sustainable_per_min(self, batch: int) -> float:
@@ -156,7 +168,8 @@ class Model:
         None beyond capacity."""
         try:
             run = simulate_open(self.inputs, self.classes(), per_min / 60,
-                                requests=SIM_REQUESTS, front_end_s=self.fit.front_end_s)
+                                requests=SIM_REQUESTS, front_end_s=self.fit.front_end_s,
+                                shared_cores=True)
         except SimulationError:
             return None
         return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
@@ -309,7 +322,7 @@ def run(args: argparse.Namespace) -> list[str]:
             log(f"closed loop of {batch} for {args.duration_s:g} s ...")
             loads.append((f"closed {batch}", model.at(batch), asyncio.run(
                 closed(url, prompts, mix, batch, args.duration_s, seed=batch))))
-        for factor in (1.0, 1.5):
+        for factor in (plan_share(), 1.0):
             log(f"Poisson arrivals at {factor:g}× {rate:,.1f}/min for {args.duration_s:g} s ...")
             loads.append((f"open {factor:g}× ({rate * factor:,.0f}/min)",
                           model.open_loop(rate * factor), asyncio.run(

@@ -9,12 +9,16 @@ decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
   its intercept the fixed step ``h`` plus the **front end** ``f``, the per-request work in
   front of the engine (HTTP, the gateway rendering and tokenizing the prompt), which
   :mod:`capacity_model.queue_sim` runs as a FIFO server: simultaneous arrivals queue for it;
-* **the decode step** ``d(B) = h + B / Rc``: a least-squares line through a closed loop's TPOT
-  p50 by batch size, less what the other requests' prefills add to it (in a closed loop of
-  ``B`` with ``n``-token answers, each of the other ``B − 1`` prefills its ``P`` tokens about
-  once in a request's ``n`` steps, so ``(B − 1) / n × P / R`` a token) — the simulation adds
-  those chunks back where they fall. A CPU has no memory roof apart from its compute here (the
-  tiny model's weights sit in cache), so the memory term is set to nothing;
+* **the decode step** ``d(B) = h + B / Rc``: least squares through a closed loop's TPOT p50
+  by batch size, less what the other requests add to it: in a closed loop of ``B`` with
+  ``n``-token answers each of the other ``B − 1`` passes the front end and prefills its ``P``
+  tokens about once in a request's ``n`` steps, so ``(B − 1) / n × (f + P / R)`` a token, the
+  front end's ``f`` included because on the CPU host it runs on the engine's cores (the
+  simulation's ``shared_cores``). With ``f = a − h`` (``a`` the first-token line's intercept)
+  that is linear in ``h`` and ``1 / Rc``: ``TPOT − (B − 1)/n × (a + P/R) = h × (1 − (B − 1)/n)
+  + B / Rc``. The simulation adds both back where they fall. A CPU has no memory roof apart
+  from its compute here (the tiny model's weights sit in cache), so the memory term is set to
+  nothing;
 * **the unloaded jitter**: the p99 over p50 of the first token (longest prompt) and of the
   decode step at batch 1.
 
@@ -81,6 +85,21 @@ def line_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
+def plane_fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """Least-squares ``h`` and ``c`` of ``y = h·u + c·v`` (no intercept) over ``(u, v, y)``;
+    FitError when the points cannot separate them (fewer than two distinct batch sizes)."""
+    suu = sum(u * u for u, _, _ in points)
+    svv = sum(v * v for _, v, _ in points)
+    suv = sum(u * v for u, v, _ in points)
+    det = suu * svv - suv * suv
+    if len({v for _, v, _ in points}) < 2 or abs(det) <= 1e-12 * max(1.0, suu * svv):
+        raise FitError(f"a line needs two distinct batch sizes, got "
+                       f"{sorted({v for _, v, _ in points})}")
+    suy = sum(u * y for u, _, y in points)
+    svy = sum(v * y for _, v, y in points)
+    return (suy * svv - svy * suv) / det, (svy * suu - suy * suv) / det
+
+
 def fit_engine(decode: DecodeProfile, prompts: Sequence[DecodeProfile]) -> EngineFit:
     """Fit :class:`EngineFit` to a closed-loop profile at several batch sizes (``decode``) and
     single-request profiles at three or more prompt lengths (``prompts``, each with a batch-1
@@ -96,9 +115,10 @@ def fit_engine(decode: DecodeProfile, prompts: Sequence[DecodeProfile]) -> Engin
                        f"({seconds_a_token * 1e6:.3f} µs a token): measure longer prompts")
     prefill = 1 / seconds_a_token
     answer = max(1, decode.output_tokens)
-    interference = decode.prompt_tokens / prefill / answer
-    step, per_sequence = line_fit([
-        (p.batch_size, p.tpot.p50_ms / 1000 - (p.batch_size - 1) * interference)
+    others = intercept + decode.prompt_tokens / prefill  # one other request: f + h + P / R
+    step, per_sequence = plane_fit([
+        (1 - (p.batch_size - 1) / answer, p.batch_size,
+         p.tpot.p50_ms / 1000 - (p.batch_size - 1) / answer * others)
         for p in decode.points])
     if per_sequence <= 0:
         raise FitError(f"the decode step does not grow with the batch ({per_sequence * 1000:.3f}"

@@ -23,13 +23,14 @@ ANSWER = 32
 def profile(prompt: int, sizes: list[int], *, jitter: float = 1.0,
             interference: bool = True) -> DecodeProfile:
     """What an engine with a step of 10 ms + 2 ms a sequence, 8,000 prompt tokens a second and
-    4 ms of front end per request shows at batch ``sizes``: a closed loop's TPOT carries the
-    other requests' prefills, one each per answer of ``ANSWER`` tokens."""
+    4 ms of front end per request on its own cores shows at batch ``sizes``: a closed loop's
+    TPOT carries the other requests' front ends and prefills, one each per answer of
+    ``ANSWER`` tokens."""
     points = []
     for size in sizes:
         tpot = STEP_S + PER_SEQ_S * size
         if interference:
-            tpot += (size - 1) / ANSWER * prompt / PREFILL
+            tpot += (size - 1) / ANSWER * (FRONT_S + prompt / PREFILL)
         ttft = (FRONT_S + STEP_S + prompt / PREFILL) * 1000
         points.append(DecodePoint(size, Latency(ttft, ttft * jitter),
                                   Latency(tpot * 1000, tpot * 1000 * 1.02), "measured",
@@ -59,8 +60,8 @@ def test_the_fit_recovers_the_engines_rates() -> None:
 
 
 def test_the_decode_step_is_fitted_without_the_other_requests_prefills() -> None:
-    """Read as it is, a closed loop's TPOT carries (B - 1) / n prefills a token: the step
-    fitted through it would grow 0.94 ms a sequence too fast here."""
+    """Read as it is, a closed loop's TPOT carries (B - 1) / n front ends and prefills a
+    token: the step fitted through it would grow 1.06 ms a sequence too fast here."""
     fit = fit_engine(profile(240, [1, 2, 8, 24]), alone(80, 240, 480))
     assert 1 / fit.decode_tokens_per_s == pytest.approx(PER_SEQ_S)
     plain = fit_engine(profile(240, [1, 2, 8, 24], interference=False), alone(80, 240, 480))
