@@ -164,8 +164,8 @@ def run(argv: Sequence[str] | None = None,
     )
     runtime: GatewayRuntime = app.state.runtime
     # Before vLLM is imported (the engine starts in the lifespan): its compile caches, if any.
-    runtime.start_cache = prepare_start_cache(settings, os.environ,
-                                              log=runtime.telemetry.log).ping_value
+    runtime.http.start_cache = prepare_start_cache(settings, os.environ,
+                                                   log=runtime.telemetry.log).ping_value
     server = GatewayServer(config, runtime)
     # uvicorn re-raises a SIGTERM it captured once its graceful shutdown is done, under the
     # handler that was installed before it started: with the default one the process would die

@@ -85,7 +85,7 @@ class SamplingParams:
     request's sampling fields.
 
     ``request_fields`` holds them as the caller sent them (OpenAI's names and vLLM's
-    extensions, :data:`gateway.openai_fields.SAMPLING_FIELDS`): an engine with its own
+    extensions, :data:`gateway.api.openai_fields.SAMPLING_FIELDS`): an engine with its own
     conversion reads those (the vLLM adapter hands them to vLLM's ``to_sampling_params``). The
     typed fields are the same values read for engines that interpret them themselves (the
     simulator); None means "the model's default".
