@@ -30,6 +30,7 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
     TokenLogprob,
+    adapter_refs,
 )
 from gateway.engines.vllm import (
     BLOCK_SIZE_MULTIPLE,
@@ -40,7 +41,6 @@ from gateway.engines.vllm import (
     write_zero_adapter,
 )
 from gateway.health import CrashLoopDetector, RestartPolicy
-from gateway.routing import adapter_refs
 from gateway.settings import load_settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from stacks.llm_endpoint import container_environment

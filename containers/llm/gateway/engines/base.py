@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gateway.settings import AdapterSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -115,6 +119,16 @@ class AdapterRef:
     name: str
     int_id: int
     path: str
+
+
+def adapter_refs(adapters: Sequence[AdapterSpec], adapters_dir: Path) -> dict[str, AdapterRef]:
+    """Served name → :class:`AdapterRef`: ids are positions in GATEWAY_ADAPTERS from 1 (vLLM
+    needs ``lora_int_id`` > 0 and the same id for the same adapter on every engine rebuild)."""
+    return {
+        spec.name: AdapterRef(name=spec.name, int_id=position,
+                              path=str(adapters_dir / spec.directory))
+        for position, spec in enumerate(adapters, start=1)
+    }
 
 
 class TokenLogprob(NamedTuple):
