@@ -240,6 +240,32 @@ def engine_arguments(settings: Settings) -> dict[str, Any]:
     return {name: value for name, value in args.items() if value is not None}
 
 
+SERVER_SKIPS = ("disable_log_stats", "enable_log_requests")
+"""The gateway's own logging choices among its engine arguments (vLLM's server keeps its own)."""
+
+
+def server_flags(settings: Settings) -> list[str]:
+    """vLLM's own OpenAI server with exactly the engine arguments the gateway gives vLLM
+    (:func:`engine_arguments`), as its command-line flags; booleans as ``--x`` / ``--no-x``
+    (vLLM's BooleanOptionalAction), the adapters as ``--lora-modules``. ``serve
+    --vllm-server-args`` prints them (``make gpu-smoke`` compares the two servers with them)."""
+    arguments = engine_arguments(settings)
+    flags: list[str] = []
+    for name, value in arguments.items():
+        if name in SERVER_SKIPS:
+            continue
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            flags += [f"--{flag}", str(value)]
+    if arguments.get("enable_lora"):
+        gateway = settings.gateway
+        flags += ["--lora-modules", *(f"{adapter.name}={gateway.adapters_dir}/{adapter.directory}"
+                                      for adapter in gateway.adapters)]
+    return flags
+
+
 @dataclass
 class _SchedulerSnapshot:
     """What the stat logger last saw (written on the engine's output thread, read anywhere)."""
