@@ -78,22 +78,7 @@ def plan(
     Raises :class:`BudgetError` with the numbers and the fixes when the configuration cannot fit
     or a setting is outside its safe bound.
     """
-    req = normalize(
-        model,
-        quantization=quantization,
-        instance=instance,
-        max_model_len=max_model_len,
-        kv_cache_dtype=kv_cache_dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_loras=max_loras,
-        max_lora_rank=max_lora_rank,
-        max_cpu_loras=max_cpu_loras,
-        request_lengths=request_lengths,
-    )
+    req = normalize(**locals())  # exactly this function's arguments, by name
     result = evaluate(req)
     if isinstance(result, MemoryPlan):
         return result
