@@ -161,11 +161,14 @@ def _cpu_pinned_memory_workaround(torch: Any) -> Iterator[None]:
         IntermediatesCache.pin_memory = original
 
 
-class LlmCompressorBackend:
-    """AWQ through llm-compressor's ``oneshot`` (the default)."""
+class _Backend:
+    """What the two back-ends share: the pinned package checked, the device chosen and said,
+    the run announced; each back-end's :meth:`_check`, :meth:`_device` and :meth:`_run` differ."""
 
-    name = "llm-compressor"
-    distribution = "llmcompressor"
+    name: str
+    distribution: str
+    label: str
+    """How the progress lines name the library."""
 
     def quantize(
         self,
@@ -175,8 +178,42 @@ class LlmCompressorBackend:
         output_dir: Path,
         progress: ProgressFn,
     ) -> str:
-        """Run AWQModifier + QuantizationModifier over the calibration token ids."""
+        """Quantize ``model_dir`` into ``output_dir``; the device it ran on."""
         _package_version(self.distribution)
+        import torch
+
+        self._check(calibration)
+        device = self._device(torch)
+        progress(f"[quantize] {self.label} on {device}: loading {model_dir}")
+        self._run(model_dir, calibration, settings, output_dir, progress)
+        return device
+
+    def _check(self, calibration: CalibrationSet) -> None:
+        """Refuse a calibration set this library cannot use (ValueError), before loading."""
+
+    def _device(self, torch: Any) -> str:
+        return _accelerator(torch)
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _announce(settings: AwqSettings, samples: int, progress: ProgressFn) -> None:
+        progress(f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
+                 f"{samples} samples")
+
+
+class LlmCompressorBackend(_Backend):
+    """AWQ through llm-compressor's ``oneshot`` (the default)."""
+
+    name = "llm-compressor"
+    distribution = "llmcompressor"
+    label = "llm-compressor"
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        """Run AWQModifier + QuantizationModifier over the calibration token ids."""
         import torch
         from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
         from datasets import Dataset
@@ -185,8 +222,6 @@ class LlmCompressorBackend:
         from llmcompressor.modifiers.transform.awq import AWQModifier
         from transformers import AutoModelForCausalLM
 
-        device = _accelerator(torch)
-        progress(f"[quantize] llm-compressor on {device}: loading {model_dir}")
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype="auto", local_files_only=True
         )
@@ -210,10 +245,7 @@ class LlmCompressorBackend:
             AWQModifier(),
             QuantizationModifier(config_groups={"group_0": scheme}, ignore=list(settings.ignore)),
         ]
-        progress(
-            f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
-            f"{len(token_ids)} samples"
-        )
+        self._announce(settings, len(token_ids), progress)
         with _cpu_pinned_memory_workaround(torch):
             oneshot(
                 model=model,
@@ -225,28 +257,16 @@ class LlmCompressorBackend:
             )
         progress(f"[quantize] saving compressed checkpoint to {output_dir}")
         model.save_pretrained(str(output_dir), save_compressed=True)
-        return device
 
 
-class AutoAwqBackend:
+class AutoAwqBackend(_Backend):
     """AWQ through AutoAWQ 0.2.9 (deprecated; kept behind the same interface)."""
 
     name = "autoawq"
     distribution = "autoawq"
+    label = "AutoAWQ"
 
-    def quantize(
-        self,
-        model_dir: Path,
-        calibration: CalibrationSet,
-        settings: AwqSettings,
-        output_dir: Path,
-        progress: ProgressFn,
-    ) -> str:
-        """Run ``AutoAWQForCausalLM.quantize`` with the calibration token ids."""
-        _package_version(self.distribution)
-        import torch
-        from awq import AutoAWQForCausalLM
-
+    def _check(self, calibration: CalibrationSet) -> None:
         max_seq_len = calibration.settings.max_seq_len
         total_tokens = calibration.stats.total_tokens
         if total_tokens < max_seq_len:
@@ -255,8 +275,15 @@ class AutoAwqBackend:
                 f"max_seq_len: AutoAWQ needs at least {max_seq_len} calibration tokens in all, "
                 f"got {total_tokens}; add samples or lower max_seq_len"
             )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        progress(f"[quantize] AutoAWQ on {device}: loading {model_dir}")
+
+    def _device(self, torch: Any) -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        """Run ``AutoAWQForCausalLM.quantize`` with the calibration token ids."""
+        from awq import AutoAWQForCausalLM
+
         model = AutoAWQForCausalLM.from_pretrained(str(model_dir), safetensors=True)
         extra_ignored = [name for name in settings.ignore if name != "lm_head"]
         quant_config = {
@@ -266,20 +293,16 @@ class AutoAwqBackend:
             "version": "GEMM",
             "modules_to_not_convert": extra_ignored or None,
         }
-        progress(
-            f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
-            f"{calibration.stats.num_samples} samples"
-        )
+        self._announce(settings, calibration.stats.num_samples, progress)
         model.quantize(
             None,  # unused: calib_data is already token ids
             quant_config=quant_config,
             calib_data=calibration.token_id_lists(),
             max_calib_samples=calibration.stats.num_samples,
-            max_calib_seq_len=max_seq_len,
+            max_calib_seq_len=calibration.settings.max_seq_len,
         )
         progress(f"[quantize] saving AWQ checkpoint to {output_dir}")
         model.save_quantized(str(output_dir), safetensors=True)
-        return device
 
 
 BACKENDS: dict[str, AwqBackend] = {
