@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from quantization.calibration import (
     CalibrationSet,
@@ -116,24 +116,6 @@ def _accelerator(torch: Any) -> str:
     return "cpu"
 
 
-class AwqBackend(Protocol):
-    """A library that applies AWQ and writes a vLLM-loadable checkpoint."""
-
-    name: str
-    distribution: str
-
-    def quantize(
-        self,
-        model_dir: Path,
-        calibration: CalibrationSet,
-        settings: AwqSettings,
-        output_dir: Path,
-        progress: ProgressFn,
-    ) -> str:
-        """Quantize ``model_dir`` into ``output_dir`` (weights + config); return the device."""
-        ...
-
-
 @contextlib.contextmanager
 def _cpu_pinned_memory_workaround(torch: Any) -> Iterator[None]:
     """Let llm-compressor 0.14.0.1's AWQ run on a machine without an accelerator.
@@ -161,8 +143,10 @@ def _cpu_pinned_memory_workaround(torch: Any) -> Iterator[None]:
         IntermediatesCache.pin_memory = original
 
 
-class _Backend:
-    """What the two back-ends share: the pinned package checked, the device chosen and said,
+class AwqBackend:
+    """A library that applies AWQ and writes a vLLM-loadable checkpoint.
+
+    What the back-ends share is here: the pinned package checked, the device chosen and said,
     the run announced; each back-end's :meth:`_check`, :meth:`_device` and :meth:`_run` differ."""
 
     name: str
@@ -178,7 +162,7 @@ class _Backend:
         output_dir: Path,
         progress: ProgressFn,
     ) -> str:
-        """Quantize ``model_dir`` into ``output_dir``; the device it ran on."""
+        """Quantize ``model_dir`` into ``output_dir`` (weights + config); return the device."""
         _package_version(self.distribution)
         import torch
 
@@ -204,7 +188,7 @@ class _Backend:
                  f"{samples} samples")
 
 
-class LlmCompressorBackend(_Backend):
+class LlmCompressorBackend(AwqBackend):
     """AWQ through llm-compressor's ``oneshot`` (the default)."""
 
     name = "llm-compressor"
@@ -259,7 +243,7 @@ class LlmCompressorBackend(_Backend):
         model.save_pretrained(str(output_dir), save_compressed=True)
 
 
-class AutoAwqBackend(_Backend):
+class AutoAwqBackend(AwqBackend):
     """AWQ through AutoAWQ 0.2.9 (deprecated; kept behind the same interface)."""
 
     name = "autoawq"
