@@ -231,7 +231,7 @@ gpu-smoke: ## on a GPU host: the gateway on vLLM 0.33 with a small model and an 
 # that Python's vLLM, torch and Triton versions, and the GPU the gateway starts on.
 START_CACHE_PYTHON ?= .venv-vllm/bin/python
 start-cache: ## build the GPU start cache (Triton's and vLLM's compile caches) for MODEL_DIR's engine settings (ENGINE_* from the environment or GATEWAY_ENV_FILE) into OUT, on a GPU host: make start-cache MODEL_DIR=<dir> OUT=<dir> ## one gateway start and warmup (an 8B model on a g5: minutes; not run here on a GPU)
-	PYTHONPATH=.:containers/llm $(START_CACHE_PYTHON) -m tools.start_cache build --model-dir "$(MODEL_DIR)" --out "$(OUT)" $(if $(GATEWAY_ENV_FILE),--gateway-env-file "$(GATEWAY_ENV_FILE)")
+	PYTHONPATH=.:containers/llm $(START_CACHE_PYTHON) -m gateway.start_cache build --model-dir "$(MODEL_DIR)" --out "$(OUT)" $(if $(GATEWAY_ENV_FILE),--gateway-env-file "$(GATEWAY_ENV_FILE)")
 
 decode-bench: setup ## TTFT and TPOT by batch size through a running gateway: make decode-bench KEY="<gpu|model|quantization|kv>" [URL=http://127.0.0.1:8080] (gpu-smoke runs it)
 	$(PY) -m tools.decode_bench --url "$(or $(URL),http://127.0.0.1:8080)" --key "$(KEY)" $(DECODE_BENCH_FLAGS)

@@ -50,7 +50,7 @@ import httpx
 from engine_servers import EngineConfig, Served, ServerProcess
 from tokenizers import Tokenizer
 
-from gateway.service import MARKER_TEMPLATE
+from gateway.api.serving import MARKER_TEMPLATE
 from gateway.settings import load_settings
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
 

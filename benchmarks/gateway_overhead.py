@@ -52,7 +52,7 @@ BARE_APP = textwrap.dedent("""
     import sys, time, uuid
     sys.path[:0] = [{repo!r}, {llm!r}]
     from fastapi import FastAPI
-    from gateway.api_schema import ChatCompletionRequest
+    from gateway.api.protocol import ChatCompletionRequest
 
     app = FastAPI()
     ANSWER = {{"object": "chat.completion", "model": "bare",

@@ -7,7 +7,7 @@
 #   RUN_SECONDS=570 COLD_TRITON=1 VLLM_COMPARE=0 BATCH_SIZES=1 DECODE_ROUNDS=1 \
 #     EXTRA=KIT/project/benchmarks/gpu_extra.sh EXTRA_SECONDS=330 bash KIT/run.sh
 #
-# 1. start cache: pack that Triton cache as a start-cache artifact (tools.start_cache pack) and
+# 1. start cache: pack that Triton cache as a start-cache artifact (gateway.start_cache pack) and
 #    verify it for this host;
 # 2. a start WITH it: the gateway on an empty Triton cache and GATEWAY_START_CACHE=the artifact,
 #    time to /ping 200 and three short requests 1 s apart; then the surge (2x the rate a closed
@@ -79,9 +79,9 @@ surge() { # label url path [--rate R]
 
 # 1. the artifact, from the Triton cache the kit's own (cold) gateway start filled
 say "triton cache from the kit's start: ${TRITON_CACHE_DIR:-unset} ($(find "${TRITON_CACHE_DIR:-/nonexistent}" -type f 2>/dev/null | wc -l) files)"
-(cd "$PROJECT" && "$PY" -m tools.start_cache pack --triton "$TRITON_CACHE_DIR" \
+(cd "$PROJECT" && PYTHONPATH=.:containers/llm "$PY" -m gateway.start_cache pack --triton "$TRITON_CACHE_DIR" \
    --model-dir "$MODEL" --out "$X/start-cache") > "$X/pack.log" 2>&1 || say "pack FAILED: $(tail -n 2 "$X/pack.log" | tr '\n' ' ')"
-(cd "$PROJECT" && "$PY" -m tools.start_cache verify "$X/start-cache" --model-dir "$MODEL") \
+(cd "$PROJECT" && PYTHONPATH=.:containers/llm "$PY" -m gateway.start_cache verify "$X/start-cache" --model-dir "$MODEL") \
   > "$X/verify.log" 2>&1; say "verify: rc=$? $(tail -n 1 "$X/verify.log" | cut -c1-300)"
 cp "$X/start-cache/start-cache.json" "$X/start-cache.json" 2>/dev/null
 ls -la "$X/start-cache" >> "$X/progress.log" 2>&1

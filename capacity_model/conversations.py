@@ -34,10 +34,10 @@ from capacity_model.demand import (
     Conversation,
     ConversationRequest,
     RequestMix,
-    blocks_for,
     size_conversation,
 )
 from gpu_budget import INSTANCE_CATALOG, BudgetError, MemoryPlan
+from gpu_budget.lengths import blocks_for_tokens
 from request_buckets import bucket_bounds
 
 AMPERE_FP8_KV = "fp8_e5m2"
@@ -68,7 +68,7 @@ class ConversationOption:
 def _concurrent(plan: MemoryPlan, request: ConversationRequest,
                 watermark: float) -> tuple[int, str]:
     admissible = math.floor(watermark * plan.kv_pool_blocks)
-    by_kv = admissible // blocks_for(request.reserved_tokens, plan.block_size)
+    by_kv = admissible // blocks_for_tokens(request.reserved_tokens, plan.block_size)
     if by_kv <= plan.max_num_seqs:
         return by_kv, "KV pool"
     return plan.max_num_seqs, "max_num_seqs"

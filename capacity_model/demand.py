@@ -27,19 +27,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from context_window import StepPolicy, kept_history_start
+from gpu_budget.lengths import blocks_for_tokens
 from request_buckets import BUCKET_NAMES, BucketBounds, RequestBucket
-from serving_contract.environment import ContextSplit, format_context_split
+from serving_contract.environment import (
+    ContextSplit,
+    context_split_problems,
+    format_context_split,
+)
 
 SHARE_TOLERANCE = 1e-6
 
 
 class DemandError(ValueError):
     """A mix or a conversation the model cannot use; the message names the field and value."""
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """KV blocks a reservation of ``tokens`` takes (whole blocks, as PagedAttention allocates)."""
-    return -(-tokens // block_size) if tokens > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class RequestMix:
 
     def mean_reserved_blocks(self, block_size: int) -> float:
         """Share-weighted KV blocks a request holds at its end (prompt + ``max_tokens``)."""
-        return sum(d.share * blocks_for(d.reserved_tokens, block_size) for d in self.demands)
+        return sum(d.share * blocks_for_tokens(d.reserved_tokens, block_size) for d in self.demands)
 
     def share_of(self, bucket: RequestBucket | str) -> float:
         """The share of ``bucket`` (0 when the mix has none)."""
@@ -192,16 +192,9 @@ class ContextWindow:
     """Turns each step of the window makes room for (``GATEWAY_CONTEXT_STEP_TURNS``)."""
 
     def __post_init__(self) -> None:
-        shares = {"system": self.system, "rag": self.rag, "history": self.history,
-                  "output": self.output}
-        bad = {k: v for k, v in shares.items() if not 0 <= v <= 1}
-        if bad:
-            raise DemandError(f"context window: {bad}; accepted: shares from 0 to 1")
-        if sum(shares.values()) > 1 + SHARE_TOLERANCE:
-            raise DemandError(f"context window: shares add up to {sum(shares.values()):g}; "
-                              "accepted: at most 1")
-        if self.history <= 0 or self.output <= 0:
-            raise DemandError("context window: history and output shares must be above 0")
+        problems = context_split_problems(self.split)
+        if problems:
+            raise DemandError(f"context window: {'; '.join(problems)}")
         if self.step_turns < 1:
             raise DemandError(f"context window: step_turns {self.step_turns}; accepted: >= 1")
 
@@ -209,10 +202,14 @@ class ContextWindow:
         """``max_tokens`` of a request that names none (the gateway's rule)."""
         return int(self.output * max_model_len)
 
+    @property
+    def split(self) -> ContextSplit:
+        """The four shares as the contract's :class:`ContextSplit`."""
+        return ContextSplit(self.system, self.rag, self.history, self.output)
+
     def as_env(self) -> str:
         """The gateway's ``GATEWAY_CONTEXT_SPLIT`` value (the contract's one format)."""
-        return format_context_split(ContextSplit(self.system, self.rag, self.history,
-                                                 self.output))
+        return format_context_split(self.split)
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from capacity_model.decode_speed import DecodeProfile, Latency
-from capacity_model.demand import RequestMix, blocks_for
+from capacity_model.demand import RequestMix
 from capacity_model.latency import LatencyModel, MeasuredLatency
 from capacity_model.queue_sim import SimResult
 from gpu_budget import MemoryPlan
+from gpu_budget.lengths import blocks_for_tokens
 from request_buckets import RequestBucket
 
 Z99 = 2.326
@@ -276,7 +277,7 @@ def _bucket_caps(plan: MemoryPlan, mix: RequestMix, admissible: int) -> list[Buc
     caps = []
     for bucket in RequestBucket:
         largest = mix.bounds.upper(bucket)
-        kv = admissible // blocks_for(largest, plan.block_size)
+        kv = admissible // blocks_for_tokens(largest, plan.block_size)
         limits = {"KV pool": kv, "max_num_seqs": plan.max_num_seqs}
         caps.append(BucketCap(bucket=bucket.value, largest_request_tokens=largest, kv_limit=kv,
                               cap=max(1, min(limits.values())), limited_by=_limited_by(limits)))

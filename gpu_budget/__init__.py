@@ -1,6 +1,6 @@
 """The GPU memory budget: one model of weights, KV cache and headroom for vLLM on SageMaker.
 
-The stacks call :func:`validate` / :func:`plan` at synth time (an impossible configuration fails
+The stacks call :func:`plan` at synth time (an impossible configuration fails
 the synth with :class:`BudgetError`), pass :meth:`MemoryPlan.engine_args` to the serving
 container, and the container checks the engine's real KV pool with
 :func:`compare_engine_report`. Every engine argument's name, type, bounds and default is one row
@@ -46,7 +46,6 @@ from gpu_budget.planner import (
     BudgetError,
     MemoryPlan,
     plan,
-    validate,
     vllm_quantization_for,
 )
 from gpu_budget.static_paged import StaticVsPaged, static_vs_paged
@@ -97,7 +96,6 @@ __all__ = [
     "parse_quantization",
     "plan",
     "static_vs_paged",
-    "validate",
     "vllm_quantization_for",
     "weights_bytes",
 ]

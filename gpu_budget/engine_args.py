@@ -34,6 +34,7 @@ from gpu_budget.instances import (
     gpu_memory_utilization_for,
     instance_type,
 )
+from gpu_budget.kv import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE
 from gpu_budget.kv import KV_CACHE_DTYPES
 from serving_contract.environment import ENGINE_ENV_PREFIX as ENGINE_ENV_PREFIX
 
@@ -49,9 +50,6 @@ BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 """Block sizes the platform accepts: the powers of two up to 128 that vLLM's CUDA attention
 backend takes (multiples of ``BLOCK_SIZE_MULTIPLE["cuda"]``; 8 is not one of them). 16 is
 vLLM's default. A device narrows this further: :func:`block_sizes_for`."""
-
-DEFAULT_BLOCK_SIZE = 16
-"""vLLM's default block size on CUDA, and ours."""
 
 MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's ``MaxLoRARanks`` (``vllm/config/lora.py``, 0.32 and 0.33): the only ``max_lora_rank``

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from gpu_budget.model_spec import ModelSpec
 
+DEFAULT_BLOCK_SIZE = 16
+"""vLLM's default block size on CUDA, and ours (``ENGINE_BLOCK_SIZE``'s default: the row of
+:data:`gpu_budget.engine_args.ENGINE_ARGS` reads it from here)."""
+
 KV_CACHE_DTYPES: dict[str, int | None] = {
     "auto": None,  # the model's activation dtype (2 bytes for bf16/fp16)
     "bfloat16": 2,
@@ -57,7 +61,7 @@ def kv_block_bytes(
     model: ModelSpec,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> int:
     """Bytes of one KV block (all layers) on one GPU."""
     return block_size * kv_bytes_per_token(model, kv_cache_dtype, tensor_parallel_size)
@@ -67,7 +71,7 @@ def kv_pool_tokens(
     model: ModelSpec,
     pool_bytes: int,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
 ) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_budget.engine_args import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, MAX_LORA_RANKS
 from gpu_budget.instances import (
@@ -81,23 +82,23 @@ def weight_format(spec: ModelSpec, quantization: str | WeightFormat | None) -> W
     return fmt
 
 
+INTEGER_SETTINGS: tuple[str, ...] = ("max_model_len", "tensor_parallel_size", "block_size",
+                                     "max_loras", "max_lora_rank")
+"""The settings that must be integers (a bool is not one)."""
+
+
 def normalize(
     model: ModelSpec | str,
     *,
     quantization: str | WeightFormat | None,
     instance: InstanceType | str,
-    max_model_len: int,
-    kv_cache_dtype: str,
-    tensor_parallel_size: int,
-    block_size: int,
-    gpu_memory_utilization: float | None,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    max_loras: int,
-    max_lora_rank: int,
-    max_cpu_loras: int | None,
     request_lengths: RequestLengthDistribution | Sequence[int] | None,
+    **settings: Any,
 ) -> PlanRequest:
+    """:func:`gpu_budget.planner.plan`'s arguments as a :class:`PlanRequest`: the model, format,
+    instance and request lengths read, every other setting (``plan``'s keyword arguments, which
+    type them) taken as it is, each :data:`INTEGER_SETTINGS` one checked to be an integer."""
+
     def refuse(message: str) -> BudgetError:
         return BudgetError(message, kind="invalid-setting")
 
@@ -108,31 +109,11 @@ def normalize(
         lengths = as_distribution(request_lengths)
     except ValueError as exc:
         raise refuse(str(exc)) from None
-    for name, value in (
-        ("max_model_len", max_model_len),
-        ("tensor_parallel_size", tensor_parallel_size),
-        ("block_size", block_size),
-        ("max_loras", max_loras),
-        ("max_lora_rank", max_lora_rank),
-    ):
+    for name in INTEGER_SETTINGS:
+        value = settings[name]
         if isinstance(value, bool) or not isinstance(value, int):
             raise refuse(f"{name} must be an integer, got {value!r}.")
-    return PlanRequest(
-        model=spec,
-        fmt=fmt,
-        instance=inst,
-        max_model_len=max_model_len,
-        kv_cache_dtype=kv_cache_dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_loras=max_loras,
-        max_lora_rank=max_lora_rank,
-        max_cpu_loras=max_cpu_loras,
-        lengths=lengths,
-    )
+    return PlanRequest(model=spec, fmt=fmt, instance=inst, lengths=lengths, **settings)
 
 
 # ======================================================================== the setting checks

@@ -1,4 +1,4 @@
-"""The GPU memory planner: :func:`plan` (and :func:`validate`, its name at synth).
+"""The GPU memory planner: :func:`plan`, which the stacks call at synth.
 
 It normalizes and checks the request (:mod:`gpu_budget.plan_request`, a table of setting
 checks), sizes weights, reserve and KV pool the way vLLM spends a GPU (:mod:`gpu_budget.sizing`),
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpu_budget.instances import InstanceType
+from gpu_budget.kv import DEFAULT_BLOCK_SIZE
 from gpu_budget.lengths import RequestLengthDistribution
 from gpu_budget.memory_plan import (
     EXPECTED_KV_TOKENS_ENV_VAR,
@@ -45,7 +46,6 @@ __all__ = [
     "BudgetError",
     "MemoryPlan",
     "plan",
-    "validate",
     "vllm_quantization_for",
 ]
 
@@ -58,7 +58,7 @@ def plan(
     max_model_len: int,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -78,29 +78,10 @@ def plan(
     Raises :class:`BudgetError` with the numbers and the fixes when the configuration cannot fit
     or a setting is outside its safe bound.
     """
-    req = normalize(
-        model,
-        quantization=quantization,
-        instance=instance,
-        max_model_len=max_model_len,
-        kv_cache_dtype=kv_cache_dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_loras=max_loras,
-        max_lora_rank=max_lora_rank,
-        max_cpu_loras=max_cpu_loras,
-        request_lengths=request_lengths,
-    )
+    req = normalize(**locals())  # exactly this function's arguments, by name
     result = evaluate(req)
     if isinstance(result, MemoryPlan):
         return result
     raise BudgetError(refusal_message(req, result), kind=result.kind)
 
-
-validate = plan
-"""``validate(...)`` is :func:`plan` under the name the stacks call at synth: same arguments,
-returns the plan, raises :class:`BudgetError`."""
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from quantization.calibration import (
     CalibrationSet,
@@ -116,24 +116,6 @@ def _accelerator(torch: Any) -> str:
     return "cpu"
 
 
-class AwqBackend(Protocol):
-    """A library that applies AWQ and writes a vLLM-loadable checkpoint."""
-
-    name: str
-    distribution: str
-
-    def quantize(
-        self,
-        model_dir: Path,
-        calibration: CalibrationSet,
-        settings: AwqSettings,
-        output_dir: Path,
-        progress: ProgressFn,
-    ) -> str:
-        """Quantize ``model_dir`` into ``output_dir`` (weights + config); return the device."""
-        ...
-
-
 @contextlib.contextmanager
 def _cpu_pinned_memory_workaround(torch: Any) -> Iterator[None]:
     """Let llm-compressor 0.14.0.1's AWQ run on a machine without an accelerator.
@@ -161,11 +143,16 @@ def _cpu_pinned_memory_workaround(torch: Any) -> Iterator[None]:
         IntermediatesCache.pin_memory = original
 
 
-class LlmCompressorBackend:
-    """AWQ through llm-compressor's ``oneshot`` (the default)."""
+class AwqBackend:
+    """A library that applies AWQ and writes a vLLM-loadable checkpoint.
 
-    name = "llm-compressor"
-    distribution = "llmcompressor"
+    What the back-ends share is here: the pinned package checked, the device chosen and said,
+    the run announced; each back-end's :meth:`_check`, :meth:`_device` and :meth:`_run` differ."""
+
+    name: str
+    distribution: str
+    label: str
+    """How the progress lines name the library."""
 
     def quantize(
         self,
@@ -175,8 +162,42 @@ class LlmCompressorBackend:
         output_dir: Path,
         progress: ProgressFn,
     ) -> str:
-        """Run AWQModifier + QuantizationModifier over the calibration token ids."""
+        """Quantize ``model_dir`` into ``output_dir`` (weights + config); return the device."""
         _package_version(self.distribution)
+        import torch
+
+        self._check(calibration)
+        device = self._device(torch)
+        progress(f"[quantize] {self.label} on {device}: loading {model_dir}")
+        self._run(model_dir, calibration, settings, output_dir, progress)
+        return device
+
+    def _check(self, calibration: CalibrationSet) -> None:
+        """Refuse a calibration set this library cannot use (ValueError), before loading."""
+
+    def _device(self, torch: Any) -> str:
+        return _accelerator(torch)
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _announce(settings: AwqSettings, samples: int, progress: ProgressFn) -> None:
+        progress(f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
+                 f"{samples} samples")
+
+
+class LlmCompressorBackend(AwqBackend):
+    """AWQ through llm-compressor's ``oneshot`` (the default)."""
+
+    name = "llm-compressor"
+    distribution = "llmcompressor"
+    label = "llm-compressor"
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        """Run AWQModifier + QuantizationModifier over the calibration token ids."""
         import torch
         from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
         from datasets import Dataset
@@ -185,8 +206,6 @@ class LlmCompressorBackend:
         from llmcompressor.modifiers.transform.awq import AWQModifier
         from transformers import AutoModelForCausalLM
 
-        device = _accelerator(torch)
-        progress(f"[quantize] llm-compressor on {device}: loading {model_dir}")
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype="auto", local_files_only=True
         )
@@ -210,10 +229,7 @@ class LlmCompressorBackend:
             AWQModifier(),
             QuantizationModifier(config_groups={"group_0": scheme}, ignore=list(settings.ignore)),
         ]
-        progress(
-            f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
-            f"{len(token_ids)} samples"
-        )
+        self._announce(settings, len(token_ids), progress)
         with _cpu_pinned_memory_workaround(torch):
             oneshot(
                 model=model,
@@ -225,28 +241,16 @@ class LlmCompressorBackend:
             )
         progress(f"[quantize] saving compressed checkpoint to {output_dir}")
         model.save_pretrained(str(output_dir), save_compressed=True)
-        return device
 
 
-class AutoAwqBackend:
+class AutoAwqBackend(AwqBackend):
     """AWQ through AutoAWQ 0.2.9 (deprecated; kept behind the same interface)."""
 
     name = "autoawq"
     distribution = "autoawq"
+    label = "AutoAWQ"
 
-    def quantize(
-        self,
-        model_dir: Path,
-        calibration: CalibrationSet,
-        settings: AwqSettings,
-        output_dir: Path,
-        progress: ProgressFn,
-    ) -> str:
-        """Run ``AutoAWQForCausalLM.quantize`` with the calibration token ids."""
-        _package_version(self.distribution)
-        import torch
-        from awq import AutoAWQForCausalLM
-
+    def _check(self, calibration: CalibrationSet) -> None:
         max_seq_len = calibration.settings.max_seq_len
         total_tokens = calibration.stats.total_tokens
         if total_tokens < max_seq_len:
@@ -255,8 +259,15 @@ class AutoAwqBackend:
                 f"max_seq_len: AutoAWQ needs at least {max_seq_len} calibration tokens in all, "
                 f"got {total_tokens}; add samples or lower max_seq_len"
             )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        progress(f"[quantize] AutoAWQ on {device}: loading {model_dir}")
+
+    def _device(self, torch: Any) -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _run(self, model_dir: Path, calibration: CalibrationSet, settings: AwqSettings,
+             output_dir: Path, progress: ProgressFn) -> None:
+        """Run ``AutoAWQForCausalLM.quantize`` with the calibration token ids."""
+        from awq import AutoAWQForCausalLM
+
         model = AutoAWQForCausalLM.from_pretrained(str(model_dir), safetensors=True)
         extra_ignored = [name for name in settings.ignore if name != "lm_head"]
         quant_config = {
@@ -266,20 +277,16 @@ class AutoAwqBackend:
             "version": "GEMM",
             "modules_to_not_convert": extra_ignored or None,
         }
-        progress(
-            f"[quantize] AWQ W{WEIGHT_BITS}A16 group {settings.group_size} over "
-            f"{calibration.stats.num_samples} samples"
-        )
+        self._announce(settings, calibration.stats.num_samples, progress)
         model.quantize(
             None,  # unused: calib_data is already token ids
             quant_config=quant_config,
             calib_data=calibration.token_id_lists(),
             max_calib_samples=calibration.stats.num_samples,
-            max_calib_seq_len=max_seq_len,
+            max_calib_seq_len=calibration.settings.max_seq_len,
         )
         progress(f"[quantize] saving AWQ checkpoint to {output_dir}")
         model.save_quantized(str(output_dir), safetensors=True)
-        return device
 
 
 BACKENDS: dict[str, AwqBackend] = {

@@ -106,6 +106,27 @@ DEFAULT_CONTEXT_SPLIT = ContextSplit(system=0.125, rag=0.25, history=0.5, output
 """The seed's split: 512/1,024/2,048/512 of 4,096 (docs/design-decisions.md#context-split).
 The gateway's default and the stack settings' default (``stacks/``: ContextWindowSettings)."""
 
+SHARE_TOLERANCE = 1e-9
+"""How far above 1 the shares' sum may round (decimal shares are not exact in binary)."""
+
+
+def context_split_problems(split: ContextSplit) -> list[str]:
+    """What in ``split`` breaks ``GATEWAY_CONTEXT_SPLIT``'s rules (empty: nothing): each share
+    from 0 to 1, the shares add up to at most 1, history and output above 0. The one check, for
+    the gateway's settings, the stack settings and the capacity model alike."""
+    shares = {name: getattr(split, name) for name in CONTEXT_SHARES}
+    problems = []
+    outside = [f"{name}={share:g}" for name, share in shares.items() if not 0 <= share <= 1]
+    if outside:
+        problems.append(f"shares are from 0 to 1, got {', '.join(outside)}")
+    total = sum(shares.values())
+    if total > 1 + SHARE_TOLERANCE:
+        problems.append(f"shares add up to {total:g}; they must add up to at most 1")
+    if split.history <= 0 or split.output <= 0:
+        problems.append("history and output shares must be above 0")
+    return problems
+
+
 DEFAULT_BUCKET_CAPS: Mapping[str, int] = dict(zip(BUCKET_NAMES, (128, 64, 32, 8), strict=True))
 """Concurrent requests per bucket when ``GATEWAY_BUCKET_CAPS`` is unset."""
 

@@ -6,7 +6,9 @@ a row and every row names something that exists (issue 16); each folder sits in 
 block; every command in ``tools/`` is run by a make target that its row names, and every other
 module there serves a command; nothing invokes a package's module as a script (``python
 tools/x.py``); product code imports nothing from ``tools/``, ``checks/``, ``tests/`` or
-``benchmarks/``, and ``tools/`` nothing from ``checks/`` (issue 25).
+``benchmarks/``, and ``tools/`` nothing from ``checks/`` (issue 25) nor from the containers'
+packages (``gateway``, ``intent_server``): what an operator command shares with a container lives
+in a top-level package both import, or the command belongs to the container (issue 41).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ ROOTS = {"Operator commands": ("tools/",), "CI and checks": ("checks/", ".github
 
 NOT_FOR_PRODUCT = frozenset({"tools", "checks", "tests", "benchmarks"})
 """Top-level packages product code must not import: operators', CI's, the tests'."""
+CONTAINER_PACKAGES = frozenset({"gateway", "intent_server"})
+"""The containers' own packages (containers/llm/gateway, containers/intent/intent_server)."""
 
 
 def layout_blocks() -> dict[str, list[str]]:
@@ -252,7 +256,7 @@ def product_paths() -> list[Path]:
 
 @pytest.mark.parametrize(("forbidden", "importers"), [
     (NOT_FOR_PRODUCT, "product"),
-    (frozenset({"checks"}), "tools"),
+    (frozenset({"checks"}) | CONTAINER_PACKAGES, "tools"),
 ])
 def test_code_imports_only_its_own_audience_or_below(forbidden: frozenset[str],
                                                      importers: str) -> None:
@@ -263,3 +267,14 @@ def test_code_imports_only_its_own_audience_or_below(forbidden: frozenset[str],
                     for module in imported_modules(file)
                     if module.split(".", 1)[0] in forbidden})
     assert found == [], f"{importers} code must not import {sorted(forbidden)}: {found}"
+
+
+def test_no_operator_script_reaches_into_a_container_package() -> None:
+    """tools/'s shell scripts neither import nor ``-m``-run a container's package: they start
+    the container's own entry script (``containers/llm/serve``) instead."""
+    scripts = sorted(TOOLS.glob("*.sh"))
+    assert scripts, "not vacuous"
+    pattern = re.compile(rf"(?:from|import|-m)\s+(?:{'|'.join(CONTAINER_PACKAGES)})\b")
+    found = [f"{path.name}: {match[0]}" for path in scripts
+             for match in pattern.finditer(path.read_text(encoding="utf-8"))]
+    assert found == [], f"tools/ scripts reach into a container package: {found}"

@@ -84,7 +84,7 @@ def test_module_runs_on_python_3_10() -> None:
 # --- everyone reads it ---------------------------------------------------------------------
 def test_the_gateway_admits_by_these_buckets() -> None:
     from gateway.admission import LengthBucket, classify_bucket
-    from gateway.api_schema import ResponseExtension
+    from gateway.api.protocol import ResponseExtension
     from gateway.settings import load_settings
 
     assert LengthBucket is RequestBucket

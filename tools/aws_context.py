@@ -6,12 +6,26 @@ default credential chain (AWS_PROFILE, SSO, instance roles) and never with anyth
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from stacks.settings import EnvironmentSettings
 
+EXIT_OK, EXIT_AWS, EXIT_REFUSED = 0, 1, 2
+"""``make publish`` and ``make promote``'s exit statuses: done (or nothing to do), AWS refused or
+failed (re-run: what is there already is skipped), refused by a check or a bad argument."""
+
 PROJECT_KEY_OUTPUT = "ProjectKeyArn"
 """The Foundation stack's output holding the project KMS key (stacks/foundation_stack.py)."""
+
+
+def environment_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The opening every deployment command shares: its module docstring as its help, as
+    written, and ``--env`` (required)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
+    return parser
 
 
 class DeployToolError(RuntimeError):

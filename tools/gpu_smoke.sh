@@ -168,7 +168,7 @@ if [ "${VLLM_COMPARE:-1}" = 1 ]; then
   kill "$server"; wait "$server" 2>/dev/null || true
   vllm_port=$((port + 1))
   log "vLLM's own OpenAI server on :$vllm_port, same engine settings (log: $work/vllm.log)"
-  mapfile -t vllm_args < <(report vllm-args)
+  mapfile -t vllm_args < <("$venv_python" "$here/containers/llm/serve" --vllm-server-args)
   "$venv_python" -m vllm.entrypoints.openai.api_server --port "$vllm_port" "${vllm_args[@]}" \
     > "$work/vllm.log" 2>&1 &
   vllm_server=$!

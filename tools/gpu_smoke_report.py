@@ -5,23 +5,20 @@
     cold --url URL [--requests 10] [--interval 1]
                                       short streamed chats INTERVAL s apart right after /ping turned
                                       200: each status and time to first token, "N/10 served"
-    vllm-args                         vLLM's own OpenAI server's arguments: the gateway's own
-                                      engine arguments for the GATEWAY_*/ENGINE_* settings in the
-                                      environment
     compare GATEWAY.json VLLM.json    two decode_bench profiles side by side: TTFT and TPOT p50,
                                       gateway ÷ vLLM
     write --profile P.json --table T.json
                                       merge a decode_bench profile into a decode-speed table
 
-Runs in the smoke test's environment (vLLM's, with the gateway's requirements and
-containers/llm on the path): ``vllm-args`` reads the settings as the gateway does.
+Runs in the smoke test's environment (vLLM's, with the gateway's requirements). vLLM's own
+server's flags for the comparison come from the gateway itself (``serve --vllm-server-args``):
+nothing here imports the container's package.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -98,36 +95,6 @@ def cold_start(url: str, *, requests: int, interval_s: float) -> int:
     return 0 if served == requests else 1
 
 
-SERVER_SKIPS = ("disable_log_stats", "enable_log_requests")
-"""The gateway's own logging choices among its engine arguments (the server keeps its own)."""
-
-
-def vllm_server_args(environ: dict[str, str]) -> list[str]:
-    """vLLM's own server with exactly the engine arguments the gateway gives vLLM for these
-    GATEWAY_*/ENGINE_* settings (``gateway.engines.vllm.engine_arguments``: one per row of the
-    engine-argument table), as its command-line flags, one a line; booleans as ``--x`` /
-    ``--no-x`` (vLLM's BooleanOptionalAction)."""
-    from gateway.engines.vllm import engine_arguments
-    from gateway.settings import load_settings
-
-    settings = load_settings(environ)
-    arguments = engine_arguments(settings)
-    args: list[str] = []
-    for field, value in arguments.items():
-        if field in SERVER_SKIPS:
-            continue
-        flag = field.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(f"--{flag}" if value else f"--no-{flag}")
-        else:
-            args += [f"--{flag}", str(value)]
-    if arguments.get("enable_lora"):
-        args += ["--lora-modules", *(f"{adapter.name}={settings.gateway.adapters_dir}/"
-                                     f"{adapter.directory}"
-                                     for adapter in settings.gateway.adapters)]
-    return args
-
-
 def comparison(gateway: dict[str, Any], vllm: dict[str, Any]) -> list[str]:
     """Rows of TTFT and TPOT p50 for both servers at each batch size, with gateway ÷ vLLM."""
     rows = ["batch | gateway TTFT p50 ms | vLLM TTFT p50 ms | ratio | gateway TPOT p50 ms | "
@@ -157,7 +124,6 @@ def main(argv: Sequence[str]) -> int:
     cold.add_argument("--url", required=True)
     cold.add_argument("--requests", type=int, default=10)
     cold.add_argument("--interval", type=float, default=1.0)
-    steps.add_parser("vllm-args")
     compare = steps.add_parser("compare")
     compare.add_argument("gateway", type=Path)
     compare.add_argument("vllm", type=Path)
@@ -172,9 +138,6 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.step == "cold":
         return cold_start(args.url, requests=args.requests, interval_s=args.interval)
-    if args.step == "vllm-args":
-        print("\n".join(vllm_server_args(dict(os.environ))))
-        return 0
     if args.step == "compare":
         rows = comparison(json.loads(args.gateway.read_text(encoding="utf-8")),
                           json.loads(args.vllm.read_text(encoding="utf-8")))

@@ -29,6 +29,8 @@ from serving_contract.environment import (
     GATEWAY_ADMISSION_WATERMARK,
     GATEWAY_CONTEXT_STEP_TURNS,
     GATEWAY_SETTING,
+    ContextSplit,
+    context_split_problems,
 )
 from stacks.settings.aws import deployment_problem
 from stacks.settings.base import (
@@ -152,10 +154,10 @@ class ContextWindowSettings(StrictModel):
     ``max_tokens`` (``GATEWAY_CONTEXT_SPLIT``). Seed 001: 512 system + 1,024 retrieved context +
     2,048 history + 512 output of a 4,096 window."""
 
-    system: float = Field(DEFAULT_CONTEXT_SPLIT.system, ge=0, le=1)
-    rag: float = Field(DEFAULT_CONTEXT_SPLIT.rag, ge=0, le=1)
-    history: float = Field(DEFAULT_CONTEXT_SPLIT.history, gt=0, le=1)
-    output: float = Field(DEFAULT_CONTEXT_SPLIT.output, gt=0, le=1)
+    system: float = DEFAULT_CONTEXT_SPLIT.system
+    rag: float = DEFAULT_CONTEXT_SPLIT.rag
+    history: float = DEFAULT_CONTEXT_SPLIT.history
+    output: float = DEFAULT_CONTEXT_SPLIT.output
     step_turns: int = _contract_field(
         GATEWAY_CONTEXT_STEP_TURNS, int,
         description="Turns of the conversation's average size each step of the sliding window "
@@ -164,9 +166,10 @@ class ContextWindowSettings(StrictModel):
 
     @model_validator(mode="after")
     def _within_the_window(self) -> ContextWindowSettings:
-        total = self.system + self.rag + self.history + self.output
-        if total > 1 + 1e-9:
-            raise ValueError(f"shares add up to {total:g}; accepted: at most 1")
+        split = ContextSplit(self.system, self.rag, self.history, self.output)
+        problems = context_split_problems(split)  # the contract's one check
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -159,7 +159,7 @@ def served_layout(document: dict[str, Any]) -> tuple[PromptLayout, dict[str, int
     """The template's token costs, measured with the gateway's own tokenizer on the tiny model
     the benchmark served (tests/support/tiny_llama.py): fixed tokens (BOS + the assistant header),
     each role's overhead, the marker's size for each count."""
-    from gateway.service import MARKER_TEMPLATE
+    from gateway.api.serving import MARKER_TEMPLATE
     from gateway.tokenizer import ChatTokenizer
     from tests.support.tiny_llama import cached_model_dir
 

@@ -21,7 +21,6 @@ from gpu_budget import (
     instance_type,
     plan,
     static_vs_paged,
-    validate,
     weights_bytes,
 )
 from gpu_budget.instances import GIB, MIB
@@ -225,13 +224,6 @@ def test_checkpoint_quantization_config_decides_when_unset(llama8b: ModelSpec) -
                 max_model_len=4096).quantization == "bf16"
 
 
-def test_validate_is_plan(g5_plan: MemoryPlan, llama8b: ModelSpec) -> None:
-    assert validate(llama8b, quantization="awq", instance="ml.g5.xlarge",
-                    max_model_len=4096) == g5_plan
-    assert plan(str(LLAMA_3_8B), quantization="awq", instance=instance_type("ml.g5.xlarge"),
-                max_model_len=4096) == g5_plan
-
-
 # --------------------------------------------------------------------------- refusals
 
 
@@ -358,10 +350,11 @@ def test_the_planner_keeps_its_public_names() -> None:
     import gpu_budget.planner as planner
 
     assert all(hasattr(planner, name) for name in planner.__all__)
-    assert {"BudgetError", "MemoryPlan", "BucketConcurrency", "plan", "validate",
+    assert {"BudgetError", "MemoryPlan", "BucketConcurrency", "plan",
             "vllm_quantization_for", "EXPECTED_KV_TOKENS_ENV_VAR"} <= set(planner.__all__)
     assert all(getattr(gpu_budget, name) is getattr(planner, name)
-               for name in ("BudgetError", "MemoryPlan", "plan", "validate"))
+               for name in ("BudgetError", "MemoryPlan", "plan"))
+    assert not hasattr(planner, "validate"), "one name for the planner: plan"
 
 
 def test_the_docs_map_every_module() -> None:

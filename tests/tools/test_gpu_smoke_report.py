@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.gpu_smoke_report import comparison, vllm_server_args, write_adapter, write_profile
+from tools.gpu_smoke_report import comparison, write_adapter, write_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,27 +31,6 @@ def test_the_adapter_is_shaped_from_config_json(tmp_path: Path) -> None:
     assert tuple(tensors[f"{prefix}.v_proj.lora_B.weight"].shape) == (32, 8)  # 2 KV heads x 16
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["target_modules"] == ["q_proj", "v_proj"]
-
-
-def test_vllms_server_gets_the_gateways_engine_settings() -> None:
-    """Exactly the engine arguments the gateway gives vLLM (its settings' defaults included:
-    block size, sequences, prefix caching), as vLLM's server flags."""
-    args = vllm_server_args({
-        "GATEWAY_MODEL_DIR": "/m", "GATEWAY_SERVED_MODEL_NAME": "smoke-base",
-        "GATEWAY_ADAPTERS": "smoke=smoke", "GATEWAY_ROUTING_TABLE": "recommendation=smoke",
-        "GATEWAY_LOCALE_ROUTES": "",
-        "ENGINE_MAX_MODEL_LEN": "8192", "ENGINE_LOAD_FORMAT": "dummy",
-        "ENGINE_ENFORCE_EAGER": "true", "ENGINE_ATTENTION_BACKEND": "TRITON_ATTN",
-        "ENGINE_ENABLE_LORA": "true", "ENGINE_MAX_LORAS": "1", "ENGINE_MAX_LORA_RANK": "8",
-        "ENGINE_ENABLE_PREFIX_CACHING": "false"})
-    assert args == ["--model", "/m", "--tokenizer", "/m", "--served-model-name", "smoke-base",
-                    "--max-model-len", "8192", "--block-size", "16", "--max-num-seqs", "128",
-                    "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.84",
-                    "--max-loras", "1", "--max-lora-rank", "8", "--enable-lora",
-                    "--tensor-parallel-size", "1", "--dtype", "auto", "--kv-cache-dtype", "auto",
-                    "--no-enable-prefix-caching", "--enforce-eager", "--load-format", "dummy",
-                    "--attention-backend", "TRITON_ATTN", "--lora-modules",
-                    "smoke=/m/adapters/smoke"]
 
 
 def point(batch: int, ttft: float, tpot: float) -> dict[str, object]:

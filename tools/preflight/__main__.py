@@ -22,7 +22,6 @@ check itself could not run (no credentials, no synthesized templates).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -46,6 +45,7 @@ from tools.aws_context import (
     account_problem,
     aws_session,
     caller_account,
+    environment_parser,
     stack_outputs,
 )
 from tools.preflight.checks import (
@@ -237,9 +237,7 @@ def check_artifacts(settings: EnvironmentSettings, layout: ArtifactLayout, sessi
 
 def main(argv: Sequence[str] | None = None, *, session: Any = None,
          out: TextIO = sys.stderr) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.preflight", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
+    parser = environment_parser("python -m tools.preflight", __doc__)
     parser.add_argument("--assembly", type=Path, default=REPO_ROOT / "cdk.out",
                         help="synthesized cloud assembly (default cdk.out)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -30,10 +30,14 @@ from quantization import job_outputs
 from stacks.artifact_layout import artifact_layout
 from stacks.settings import CONFIG_DIR, EnvironmentSettings, SettingsError, load_settings
 from tools.aws_context import (
+    EXIT_AWS,
+    EXIT_OK,
+    EXIT_REFUSED,
     DeployToolError,
     account_problem,
     aws_session,
     caller_account,
+    environment_parser,
     project_key_arn,
     stack_outputs,
 )
@@ -51,13 +55,9 @@ from tools.promote.checks import (
 from tools.publish.upload import SHA256_METADATA, human_bytes, transfer_config
 from tools.quantize.plan import RUN_ID_PATTERN, candidate_prefix
 
-EXIT_OK, EXIT_AWS, EXIT_REFUSED = 0, 1, 2
-
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.promote", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
+    parser = environment_parser("python -m tools.promote", __doc__)
     parser.add_argument("--run", required=True, help="the quantization run id "
                         "(make quantize prints it: awq-<env>-<yyyymmdd>-<hhmmss>)")
     parser.add_argument("--adapters-from", help="prefix whose published adapters to copy "

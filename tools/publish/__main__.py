@@ -23,10 +23,14 @@ from typing import Any, TextIO
 from stacks.artifact_layout import ArtifactLayout, artifact_layout
 from stacks.settings import EnvironmentPlans, SettingsError, load_environment
 from tools.aws_context import (
+    EXIT_AWS,
+    EXIT_OK,
+    EXIT_REFUSED,
     DeployToolError,
     account_problem,
     aws_session,
     caller_account,
+    environment_parser,
     project_key_arn,
 )
 from tools.publish.checks import (
@@ -40,13 +44,9 @@ from tools.publish.checks import (
 )
 from tools.publish.upload import ArtifactPublisher, human_bytes, transfer_config
 
-EXIT_OK, EXIT_AWS, EXIT_REFUSED = 0, 1, 2
-
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.publish", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", required=True, help="environment: config/<env>.yaml")
+    parser = environment_parser("python -m tools.publish", __doc__)
     parser.add_argument("--model", type=Path, help="base model directory (config, tokenizer, "
                         "safetensors)")
     parser.add_argument("--adapters", type=Path, help="directory with one folder per adapter "

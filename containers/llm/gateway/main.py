@@ -2,6 +2,8 @@
 :func:`run` through ``containers/llm/serve`` (``python -m gateway.main`` does the same).
 
     serve [--engine vllm] [--host 0.0.0.0] [--port N]
+    serve --vllm-server-args    # vLLM's own server flags for these settings, one a line
+
 
 The port is --port, else $SAGEMAKER_BIND_TO_PORT, else $PORT, else 8080. Settings come from
 GATEWAY_* and ENGINE_* environment variables (docs/gateway.md); any invalid one stops the start
@@ -38,6 +40,7 @@ from artifact_manifest import check_model_dir, check_named_adapters
 from gateway.app import GatewayRuntime, create_app
 from gateway.engines import EngineBuilder, UnknownEngine, engine_builder
 from gateway.engines.base import EngineConfigError
+from gateway.engines.vllm import server_flags
 from gateway.settings import Settings, SettingsError, load_settings
 from gateway.start_cache.loader import prepare_start_cache
 from gateway.tokenizer import ChatTokenizer, ModelDirError
@@ -83,6 +86,9 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=None,
                         help="port (default $SAGEMAKER_BIND_TO_PORT, else $PORT, else 8080)")
     parser.add_argument("--log-level", default="info", help="uvicorn's own log level")
+    parser.add_argument("--vllm-server-args", action="store_true",
+                        help="print vLLM's own server flags for these settings, one a line, "
+                             "and exit (the engine arguments the gateway gives vLLM)")
     arguments = list(argv)
     if arguments[:1] == ["serve"]:  # SageMaker starts the container as `docker run IMAGE serve`
         arguments = arguments[1:]
@@ -132,12 +138,25 @@ class GatewayServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def print_server_flags(environ: Mapping[str, str]) -> int:
+    """``serve --vllm-server-args``: :func:`gateway.engines.vllm.server_flags`, one a line."""
+    try:
+        flags = server_flags(load_settings(environ))
+    except SettingsError as error:
+        print(f"serve: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    print("\n".join(flags))
+    return 0
+
+
 def run(argv: Sequence[str] | None = None,
         engines: Mapping[str, EngineBuilder] | None = None) -> int:
     """Parse arguments and settings, then run uvicorn until SIGTERM; the process exit code.
     ``engines``: builders beyond the registered ones, by ``--engine`` name (the image has none;
     the test side brings its simulator, ``tests/support/sim_serve.py``)."""
     args = parse_arguments(sys.argv[1:] if argv is None else argv)
+    if args.vllm_server_args:
+        return print_server_flags(os.environ)
     try:
         port, settings, builder, tokenizer = load(args, os.environ, engines)
     except (ValueError, SettingsError, UnknownEngine, ModelDirError, EngineConfigError) as error:
@@ -164,8 +183,8 @@ def run(argv: Sequence[str] | None = None,
     )
     runtime: GatewayRuntime = app.state.runtime
     # Before vLLM is imported (the engine starts in the lifespan): its compile caches, if any.
-    runtime.start_cache = prepare_start_cache(settings, os.environ,
-                                              log=runtime.telemetry.log).ping_value
+    runtime.http.start_cache = prepare_start_cache(settings, os.environ,
+                                                   log=runtime.telemetry.log).ping_value
     server = GatewayServer(config, runtime)
     # uvicorn re-raises a SIGTERM it captured once its graceful shutdown is done, under the
     # handler that was installed before it started: with the default one the process would die

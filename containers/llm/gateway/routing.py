@@ -20,19 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.engines.base import AdapterRef
+from gateway.engines.base import AdapterRef, adapter_refs
 from gateway.settings import AdapterSpec
 from serving_contract import AUTO_MODEL, BASE_ROUTE, normalize_locale
-
-
-def adapter_refs(adapters: Sequence[AdapterSpec], adapters_dir: Path) -> dict[str, AdapterRef]:
-    """Served name → :class:`AdapterRef`: ids are positions in GATEWAY_ADAPTERS from 1 (vLLM
-    needs ``lora_int_id`` > 0 and the same id for the same adapter on every engine rebuild)."""
-    return {
-        spec.name: AdapterRef(name=spec.name, int_id=position,
-                              path=str(adapters_dir / spec.directory))
-        for position, spec in enumerate(adapters, start=1)
-    }
 
 
 class UnknownModel(LookupError):

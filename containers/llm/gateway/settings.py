@@ -89,6 +89,7 @@ from serving_contract.environment import (
     Bounds,
     ContextSplit,
     SettingSpec,
+    context_split_problems,
 )
 
 
@@ -411,11 +412,8 @@ def _parse_split(reader: _Reader) -> ContextSplit:
         reader.fail(env, reader.raw(env), f"missing share(s): {', '.join(sorted(missing))}")
     # A missing share is already a problem; the default's keeps the remaining checks meaningful.
     split = replace(DEFAULT_CONTEXT_SPLIT, **shares)
-    total = split.system + split.rag + split.history + split.output
-    if total > 1.0 + 1e-9:
-        reader.fail(env, reader.raw(env), f"shares must add up to at most 1, they add to {total:g}")
-    if split.history <= 0 or split.output <= 0:
-        reader.fail(env, reader.raw(env), "history and output shares must be above 0")
+    for problem in context_split_problems(split):
+        reader.fail(env, reader.raw(env), problem)
     return split
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from gateway.api_schema import ChatCompletionRequest
+from gateway.api.protocol import ChatCompletionRequest
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import RequestRecord
 from tests.support.network import free_port, wait_until_ok

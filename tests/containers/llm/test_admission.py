@@ -22,7 +22,8 @@ from gateway.admission import (
     classify_bucket,
     retry_after_header,
 )
-from gateway.chat_types import ApiError, FinishEvent, TextEvent
+from gateway.api.chat_run import FinishEvent, TextEvent
+from gateway.api.errors import ApiError
 from gateway.engines.base import KvCapacity
 from request_buckets import bucket_bounds
 from tests.containers.llm.harness import chat_request, new_record

@@ -145,7 +145,7 @@ def test_engines_without_rendering_are_not_checked(make_runtime: Any) -> None:
 def test_the_probes_are_conversations_the_gateway_sends(chat_tokenizer: ChatTokenizer) -> None:
     """Trimmed contents (the template trims too), roles the templates know, and the system
     messages the gateway inserts itself."""
-    from gateway.service import MARKER_TEMPLATE, RAG_HEADER
+    from gateway.api.serving import MARKER_TEMPLATE, RAG_HEADER
 
     for conversation in PROBE_CONVERSATIONS:
         assert all(content == content.strip() for _, content in conversation)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from context_window import StepPolicy, stable_history_start
-from gateway.chat_types import ApiError
-from gateway.service import MARKER_TEMPLATE
+from gateway.api.errors import ApiError
+from gateway.api.serving import MARKER_TEMPLATE
 from gateway.tokenizer import ChatTokenizer, ChatTurn
 from prompts import SYSTEM_PROMPT_JA
 from tests.containers.llm.harness import chat_request, new_record

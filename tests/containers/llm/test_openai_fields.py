@@ -1,4 +1,4 @@
-"""The compatibility table (gateway/openai_fields.py) against what it describes: OpenAI's request
+"""The compatibility table (gateway/api/openai_fields.py) against what it describes: OpenAI's request
 type in the openai SDK, the gateway's schema, the docs and the simulated engine (vLLM's own
 request class is checked in test_vllm_contract.py, for both builds)."""
 
@@ -9,8 +9,7 @@ from pathlib import Path
 
 from openai.types.chat import completion_create_params
 
-from gateway.api_schema import ChatCompletionRequest
-from gateway.openai_fields import (
+from gateway.api.openai_fields import (
     ACCEPTED,
     BY_NAME,
     FIELDS,
@@ -18,6 +17,7 @@ from gateway.openai_fields import (
     SAMPLING_FIELDS,
     compatibility_markdown,
 )
+from gateway.api.protocol import ChatCompletionRequest
 from tests.support.sim_engine import SIM_FIELD_SUPPORT
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def test_every_openai_request_field_has_a_row() -> None:
     openai_fields = set(typing.get_type_hints(
         completion_create_params.CompletionCreateParamsBase)) | {"stream"}
-    assert openai_fields - set(BY_NAME) == set(), "rows missing in gateway/openai_fields.py"
+    assert openai_fields - set(BY_NAME) == set(), "rows missing in gateway/api/openai_fields.py"
     assert len(FIELDS) == len(BY_NAME), "a field has two rows"
 
 

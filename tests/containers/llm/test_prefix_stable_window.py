@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.service import MARKER_TEMPLATE, RAG_HEADER
+from gateway.api.serving import MARKER_TEMPLATE, RAG_HEADER
 from gateway.tokenizer import ChatTokenizer
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA, SYSTEM_PROMPT_EN
 from tests.containers.llm.harness import chat_request, new_record

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from gateway.api.chat_run import PreparedChat
+from gateway.api.errors import ApiError
 from gateway.app import GatewayRuntime
-from gateway.chat_types import ApiError, PreparedChat
 from gateway.engines.vllm import token_ids_of
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.openai_fields import REFUSED
-from gateway.request_errors import CODES
+from gateway.api.errors import CODES
+from gateway.api.openai_fields import REFUSED
 from gateway.tokenizer import ChatTokenizer
 from prompts import SYSTEM_PROMPT_EN
 from request_buckets import bucket_bounds

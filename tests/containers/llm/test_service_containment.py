@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from gateway.api.chat_run import FinishEvent, TextEvent
+from gateway.api.errors import ApiError
 from gateway.app import GatewayRuntime
-from gateway.chat_types import ApiError, FinishEvent, TextEvent
 from gateway.engines.base import (
     AdapterRef,
     EngineDead,

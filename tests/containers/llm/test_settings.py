@@ -37,7 +37,7 @@ def test_defaults_are_valid_and_match_the_seed_split() -> None:
         ({"ENGINE_MAX_MODEL_LEN": "lots"}, "ENGINE_MAX_MODEL_LEN='lots': expected an integer"),
         ({"GATEWAY_REQUEST_DEADLINE_S": "60"}, "GATEWAY_REQUEST_DEADLINE_S='60'"),
         ({"GATEWAY_CONTEXT_SPLIT": "system=0.5,rag=0.5,history=0.5,output=0.1"},
-         "shares must add up to at most 1"),
+         "shares add up to 1.6; they must add up to at most 1"),
         ({"GATEWAY_CONTEXT_SPLIT": "system=0.1,rag=0.1,history=0.5"}, "missing share(s): output"),
         ({"GATEWAY_ROUTING_TABLE": "shipping=manga"}, "keys are intents: product_question"),
         ({"GATEWAY_ROUTING_TABLE": "faq=anime"}, "values are served adapters or 'base'"),

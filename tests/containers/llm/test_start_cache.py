@@ -25,6 +25,7 @@ from artifact_manifest import (
     sha256_file,
 )
 from gateway.settings import Settings, SettingsError, load_settings
+from gateway.start_cache.cli import build, pack
 from gateway.start_cache.fingerprint import (
     MANIFEST_NAME,
     TARBALL_NAME,
@@ -46,7 +47,6 @@ from gateway.start_cache.loader import (
 )
 from serving_contract.environment import GATEWAY_START_CACHE
 from tests.containers.llm.harness import SERVE, GatewayProcess
-from tools.start_cache.cli import build, pack
 
 HOST = HostFacts(gpu_name="NVIDIA A10G", compute_capability="8.6", vllm_version="0.33.0",
                  torch_version="2.11.0", triton_version="3.6.0", cuda_version="13.0",

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,17 +31,19 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
     TokenLogprob,
+    adapter_refs,
 )
 from gateway.engines.vllm import (
     BLOCK_SIZE_MULTIPLE,
     VllmApi,
     VllmEngine,
     engine_arguments,
+    server_flags,
     token_ids_of,
     write_zero_adapter,
 )
 from gateway.health import CrashLoopDetector, RestartPolicy
-from gateway.routing import adapter_refs
+from gateway.main import run
 from gateway.settings import load_settings
 from gateway.supervisor import EngineStartFailed, EngineSupervisor
 from stacks.llm_endpoint import container_environment
@@ -332,6 +335,36 @@ def test_engine_arguments_without_adapters_turn_lora_off(tmp_path: Path) -> None
     args = engine_arguments(load_settings(env))
     assert args["enable_lora"] is False
     assert not {"max_loras", "max_lora_rank", "max_cpu_loras"} & set(args)
+
+
+def test_vllms_server_gets_the_gateways_engine_settings(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --vllm-server-args`` (make gpu-smoke's comparison): exactly the engine arguments
+    the gateway gives vLLM (its settings' defaults included: block size, sequences, prefix
+    caching), as vLLM's server flags, one a line."""
+    environ = {
+        "GATEWAY_MODEL_DIR": "/m", "GATEWAY_SERVED_MODEL_NAME": "smoke-base",
+        "GATEWAY_ADAPTERS": "smoke=smoke", "GATEWAY_ROUTING_TABLE": "recommendation=smoke",
+        "GATEWAY_LOCALE_ROUTES": "",
+        "ENGINE_MAX_MODEL_LEN": "8192", "ENGINE_LOAD_FORMAT": "dummy",
+        "ENGINE_ENFORCE_EAGER": "true", "ENGINE_ATTENTION_BACKEND": "TRITON_ATTN",
+        "ENGINE_ENABLE_LORA": "true", "ENGINE_MAX_LORAS": "1", "ENGINE_MAX_LORA_RANK": "8",
+        "ENGINE_ENABLE_PREFIX_CACHING": "false"}
+    for name in [name for name in os.environ if name.startswith(("GATEWAY_", "ENGINE_"))]:
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert run(["serve", "--vllm-server-args"]) == 0
+    args = capsys.readouterr().out.splitlines()
+    assert args == server_flags(load_settings(environ))
+    assert args == ["--model", "/m", "--tokenizer", "/m", "--served-model-name", "smoke-base",
+                    "--max-model-len", "8192", "--block-size", "16", "--max-num-seqs", "128",
+                    "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.84",
+                    "--max-loras", "1", "--max-lora-rank", "8", "--enable-lora",
+                    "--tensor-parallel-size", "1", "--dtype", "auto", "--kv-cache-dtype", "auto",
+                    "--no-enable-prefix-caching", "--enforce-eager", "--load-format", "dummy",
+                    "--attention-backend", "TRITON_ATTN", "--lora-modules",
+                    "smoke=/m/adapters/smoke"]
 
 
 def test_the_registry_builds_a_vllm_engine(settings: Any) -> None:

@@ -280,7 +280,7 @@ def test_sampling_parameters_are_built_by_vllms_own_request_class(
     its ``to_sampling_params(max_tokens, default_sampling_params)``, with the model's defaults
     from ``ModelConfig.get_diff_sampling_param()``, as vLLM's OpenAI server does: every field
     the gateway accepts for sampling is one of that class's, and the calls exist."""
-    from gateway.openai_fields import SAMPLING_FIELDS
+    from gateway.api.openai_fields import SAMPLING_FIELDS
 
     request = class_def(vllm_source["chat_protocol"], "ChatCompletionRequest")
     fields = class_fields(request)
@@ -298,11 +298,11 @@ def test_sampling_parameters_are_built_by_vllms_own_request_class(
 
 def test_every_vllm_request_field_has_a_row_in_the_compatibility_table(
         vllm_source: dict[str, ast.Module]) -> None:
-    from gateway.openai_fields import BY_NAME
+    from gateway.api.openai_fields import BY_NAME
 
     request = class_def(vllm_source["chat_protocol"], "ChatCompletionRequest")
     fields = {name for name in class_fields(request) if not name.startswith("_")}
-    assert fields - set(BY_NAME) == set(), "rows missing in gateway/openai_fields.py"
+    assert fields - set(BY_NAME) == set(), "rows missing in gateway/api/openai_fields.py"
 
 
 def test_the_stat_logger_matches_vllms_interface(vllm_source: dict[str, ast.Module]) -> None:

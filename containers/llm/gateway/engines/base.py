@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gateway.settings import AdapterSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -85,7 +89,7 @@ class SamplingParams:
     request's sampling fields.
 
     ``request_fields`` holds them as the caller sent them (OpenAI's names and vLLM's
-    extensions, :data:`gateway.openai_fields.SAMPLING_FIELDS`): an engine with its own
+    extensions, :data:`gateway.api.openai_fields.SAMPLING_FIELDS`): an engine with its own
     conversion reads those (the vLLM adapter hands them to vLLM's ``to_sampling_params``). The
     typed fields are the same values read for engines that interpret them themselves (the
     simulator); None means "the model's default".
@@ -115,6 +119,16 @@ class AdapterRef:
     name: str
     int_id: int
     path: str
+
+
+def adapter_refs(adapters: Sequence[AdapterSpec], adapters_dir: Path) -> dict[str, AdapterRef]:
+    """Served name → :class:`AdapterRef`: ids are positions in GATEWAY_ADAPTERS from 1 (vLLM
+    needs ``lora_int_id`` > 0 and the same id for the same adapter on every engine rebuild)."""
+    return {
+        spec.name: AdapterRef(name=spec.name, int_id=position,
+                              path=str(adapters_dir / spec.directory))
+        for position, spec in enumerate(adapters, start=1)
+    }
 
 
 class TokenLogprob(NamedTuple):

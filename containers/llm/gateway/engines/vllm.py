@@ -12,7 +12,7 @@ What this adapter owns (docs/design-decisions.md#vllm-asyncllm-api, vLLM 0.33):
   (:mod:`gateway.engines.start_failure`). A vLLM that cannot be imported (a module missing, a
   shared library that does not load) cannot heal either. Before that, the model directory and
   the block size are checked
-  (:mod:`gateway.model_dir`; the block size against
+  (:mod:`gateway.engines.model_dir`; the block size against
   :data:`gpu_budget.engine_args.BLOCK_SIZE_MULTIPLE` for this device: vLLM finds a wrong one
   only inside the engine-core process, where the start fails with a generic "Engine core
   initialization failed", so it is checked here first and fails once, naming the setting). The
@@ -80,7 +80,9 @@ from gateway.engines.base import (
     RenderedPrompt,
     SamplingParams,
     TokenLogprob,
+    adapter_refs,
 )
+from gateway.engines.model_dir import check_model_dir
 from gateway.engines.start_failure import (
     ENGINE_CORE_FAILED,
     StderrTail,
@@ -89,7 +91,6 @@ from gateway.engines.start_failure import (
     is_library_load_error,
     root_cause,
 )
-from gateway.model_dir import check_model_dir
 from gateway.settings import Settings
 from gpu_budget.engine_args import (
     BLOCK_SIZE_MULTIPLE,
@@ -237,6 +238,32 @@ def engine_arguments(settings: Settings) -> dict[str, Any]:
         "enable_log_requests": False,  # prompts are customer data: never in the logs
     }
     return {name: value for name, value in args.items() if value is not None}
+
+
+SERVER_SKIPS = ("disable_log_stats", "enable_log_requests")
+"""The gateway's own logging choices among its engine arguments (vLLM's server keeps its own)."""
+
+
+def server_flags(settings: Settings) -> list[str]:
+    """vLLM's own OpenAI server with exactly the engine arguments the gateway gives vLLM
+    (:func:`engine_arguments`), as its command-line flags; booleans as ``--x`` / ``--no-x``
+    (vLLM's BooleanOptionalAction), the adapters as ``--lora-modules``. ``serve
+    --vllm-server-args`` prints them (``make gpu-smoke`` compares the two servers with them)."""
+    arguments = engine_arguments(settings)
+    flags: list[str] = []
+    for name, value in arguments.items():
+        if name in SERVER_SKIPS:
+            continue
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            flags += [f"--{flag}", str(value)]
+    if arguments.get("enable_lora"):
+        gateway = settings.gateway
+        flags += ["--lora-modules", *(f"{adapter.name}={gateway.adapters_dir}/{adapter.directory}"
+                                      for adapter in gateway.adapters)]
+    return flags
 
 
 @dataclass
@@ -725,7 +752,5 @@ def release_zmq_context(async_llm: Any) -> None:
 
 def from_settings(settings: Settings) -> VllmEngine:
     """The ``--engine vllm`` builder."""
-    from gateway.routing import adapter_refs
-
     refs = adapter_refs(settings.gateway.adapters, settings.gateway.adapters_dir)
     return VllmEngine(settings, adapters=tuple(refs.values()))

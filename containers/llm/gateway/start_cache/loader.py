@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from artifact_manifest import sha256_file, start_cache_problem
+from gateway.engines.model_dir import read_model_config
 from gateway.engines.vllm import engine_arguments
-from gateway.model_dir import read_model_config
 from gateway.settings import Settings
 from gateway.start_cache.fingerprint import (
     CACHE_DIR_NAME,

@@ -1,13 +1,14 @@
 """What a refused request is told: the field's public path, one sentence, OpenAI's error code.
 
-Every 4xx the gateway answers is an :class:`~gateway.chat_types.ApiError`, and every
-:class:`~gateway.chat_types.ApiError` becomes a body in one place
-(:func:`gateway.responses.error_document`). This module turns what pydantic, FastAPI and the JSON
-parser report into that error's three parts, without their internals: ``param`` is the field as a
-client names it (``messages[0].role``, ``stop``, ``response_format.json_schema.name``) — never a
-validator chain, a union member or a memory address —, the message says the rule and the value
-(any value the client sent is shown truncated, :func:`shown`), and the code is one of
-:data:`CODES` (OpenAI's names where OpenAI has one).
+Every 4xx the gateway answers is an :class:`ApiError` (this module's, the HTTP layer's one
+error base), and every :class:`ApiError` becomes a body in one place
+(:func:`gateway.api.responses.error_document`). This module turns what pydantic, FastAPI and
+the JSON parser report into that error's three parts, without their internals: ``param`` is the
+field as a client names it (``messages[0].role``, ``stop``,
+``response_format.json_schema.name``) — never a validator chain, a union member or a memory
+address —, the message says the rule and the value (any value the client sent is shown
+truncated, :func:`shown`), and the code is one of :data:`CODES` (OpenAI's names where OpenAI
+has one).
 
 Pure module (no I/O).
 """
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.openai_fields import refusal
+from gateway.api.openai_fields import refusal
 
 CODES: Mapping[str, str] = {
     "invalid_json": "the body is not JSON: malformed, not UTF-8, nested too deeply, or empty",
@@ -203,3 +204,27 @@ def unparsable_body(body: bytes) -> RequestProblem:
         return RequestProblem(sentence(f"request body is not valid JSON ({error})"), None,
                               "invalid_json")
     return RequestProblem("request body could not be read as JSON", None, "invalid_json")
+
+
+class ApiError(Exception):
+    """A request the gateway answers with an OpenAI-style error (never 5xx for bad input).
+
+    The code is never null: without one, the status's (:data:`gateway.api.errors.STATUS_CODES`);
+    the message is cut to :data:`gateway.api.errors.MESSAGE_CHARS`.
+    """
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = sentence(message)
+        self.type_ = type_
+        self.param = param
+        self.code = code or STATUS_CODES.get(status, "invalid_value")
+        self.headers = headers or {}
+
+    @classmethod
+    def bad_request(cls, problem: RequestProblem) -> ApiError:
+        """The 400 for ``problem``."""
+        return cls(400, problem.message, param=problem.param, code=problem.code)

@@ -1,8 +1,8 @@
-"""OpenAI-shaped answers, built from the typed models of :mod:`gateway.api_schema`.
+"""OpenAI-shaped answers, built from the typed models of :mod:`gateway.api.protocol`.
 
-One place turns a finished :class:`~gateway.chat_types.ChatRun` into a ``chat.completion``, or
+One place turns a finished :class:`~gateway.api.chat_run.ChatRun` into a ``chat.completion``, or
 its events into ``chat.completion.chunk`` Server-Sent Events, so the HTTP routes only choose
-between the two; and one place turns an :class:`~gateway.chat_types.ApiError` into the error
+between the two; and one place turns an :class:`~gateway.api.errors.ApiError` into the error
 document (:func:`error_document`: an HTTP response, or an event of a stream already started).
 Token usage is computed once (:func:`usage`): the prompt counts only when it reached the engine
 (a refusal or a fallback before generation bills no prompt tokens).
@@ -18,7 +18,9 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from gateway.api_schema import (
+from gateway.api.chat_run import Answer, ChatRun, FinishEvent, PreparedChat
+from gateway.api.errors import ApiError
+from gateway.api.protocol import (
     AssistantMessage,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -35,7 +37,6 @@ from gateway.api_schema import (
     TopLogprob,
     Usage,
 )
-from gateway.chat_types import Answer, ApiError, ChatRun, FinishEvent, PreparedChat
 from gateway.engines import base as engine
 from gateway.telemetry import RequestRecord
 

@@ -2,7 +2,7 @@
 and why. One table, read by the request schema's error messages, the docs' compatibility table
 and the tests that hold the schema, OpenAI's client types and vLLM's own request class to it.
 
-The gateway's schema (:class:`gateway.api_schema.ChatCompletionRequest`) is the public contract.
+The gateway's schema (:class:`gateway.api.protocol.ChatCompletionRequest`) is the public contract.
 Its accepted sampling fields reach vLLM through vLLM's own ``ChatCompletionRequest`` and
 ``to_sampling_params`` (:mod:`gateway.engines.vllm`), so their meaning is vLLM's. A refused field
 is named in a 400 with the reason below, never silently ignored. Why some are refused: the

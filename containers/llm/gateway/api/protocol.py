@@ -4,7 +4,7 @@ Requests follow OpenAI's Chat Completions schema closely enough that the officia
 client (and vLLM's benchmark client) works unchanged: content as a string or text parts,
 ``response_format``, ``logprobs``, ``n`` and vLLM's sampling extensions; the fields this gateway
 does not serve (tools, multimodal parts, prompt-rendering controls ...) are refused by name, with
-the reason :mod:`gateway.openai_fields` gives, rather than ignored. MangaAssist's own request
+the reason :mod:`gateway.api.openai_fields` gives, rather than ignored. MangaAssist's own request
 fields live in one namespace, the ``mangaassist`` object (the openai client sends it with
 ``extra_body={"mangaassist": {...}}``); responses carry a ``mangaassist`` object too: which adapter
 answered, what the context budget kept and dropped, whether the answer is a fallback.
@@ -34,8 +34,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gateway.openai_fields import SAMPLING_FIELDS, refusal
-from gateway.request_errors import shown
+from gateway.api.errors import shown
+from gateway.api.openai_fields import SAMPLING_FIELDS, refusal
 from intents import INTENT_LABELS, require_intent
 from request_buckets import BucketName
 from serving_contract import LOCALE_PATTERN
@@ -386,7 +386,7 @@ class ChatCompletionRequest(BaseModel):
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields the caller set, as sent (JSON), for the engine to interpret:
-        :data:`gateway.openai_fields.SAMPLING_FIELDS` (``max_tokens`` is the gateway's)."""
+        :data:`gateway.api.openai_fields.SAMPLING_FIELDS` (``max_tokens`` is the gateway's)."""
         sent = self.model_dump(mode="json", include=set(SAMPLING_FIELDS), exclude_none=True,
                                by_alias=True)
         return {name: sent[name] for name in SAMPLING_FIELDS if name in sent}
@@ -416,7 +416,7 @@ INVOCATION_TAGS: frozenset[str] = frozenset({"chat", "session"})
 """The discriminator's tags, which pydantic puts into an error's location."""
 
 
-# --- responses (gateway.responses builds every answer from these) ---
+# --- responses (gateway.api.responses builds every answer from these) ---
 class ErrorDetail(BaseModel):
     """OpenAI's error object: ``param`` the field's public path (or null), ``code`` never null."""
 

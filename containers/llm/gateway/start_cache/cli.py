@@ -1,4 +1,4 @@
-"""The start cache's build, pack and verify commands (:mod:`tools.start_cache`)."""
+"""The start cache's build, pack and verify commands (:mod:`gateway.start_cache`)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from gateway.start_cache.loader import (
 )
 from serving_contract.environment import GATEWAY_MODEL_DIR, GATEWAY_START_CACHE
 
-REPO = Path(__file__).resolve().parents[2]
-SERVE = REPO / "containers" / "llm" / "serve"
+SERVE = Path(__file__).resolve().parents[2] / "serve"
+"""``containers/llm/serve`` in the checkout the command runs from."""
 
 
 def progress(message: str) -> None:
@@ -191,7 +191,7 @@ def run_verify(cache_dir: Path, model_dir: Path, env_file: Path | None) -> int:
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     """The three commands' options."""
-    parser = argparse.ArgumentParser(prog="python -m tools.start_cache",
+    parser = argparse.ArgumentParser(prog="python -m gateway.start_cache",
                                      description="Build, pack and verify the GPU start cache.")
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help="start the gateway with empty caches, pack")

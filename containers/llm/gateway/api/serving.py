@@ -27,21 +27,15 @@ from gateway.admission import (
     classify_bucket,
     retry_after_header,
 )
-from gateway.api_schema import (
+from gateway.api.chat_run import ChatRun, Event, FinishEvent, PreparedChat, TextEvent
+from gateway.api.errors import ApiError
+from gateway.api.protocol import (
     ChatCompletionRequest,
     ContextReport,
     MangaAssistExtension,
     ResponseExtension,
 )
 from gateway.breaker import BreakerState, CircuitBreaker
-from gateway.chat_types import (
-    ApiError,
-    ChatRun,
-    Event,
-    FinishEvent,
-    PreparedChat,
-    TextEvent,
-)
 from gateway.context_budget import BudgetError, BudgetMessage, ContextPlan, plan_context
 from gateway.engines.base import (
     AdapterUnavailable,

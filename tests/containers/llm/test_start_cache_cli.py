@@ -1,4 +1,4 @@
-"""python -m tools.start_cache: pack and verify as a command (exit 0 accepted, 1 refused, 2 bad
+"""python -m gateway.start_cache: pack and verify as a command (exit 0 accepted, 1 refused, 2 bad
 input); build over a real gateway start is tests/containers/llm/test_start_cache.py's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.start_cache.cli import main, read_env_file
+from gateway.start_cache.cli import main, read_env_file
 
 
 @pytest.fixture

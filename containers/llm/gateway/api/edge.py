@@ -16,8 +16,9 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import request_errors
-from gateway.api_schema import (
+from gateway.api.errors import ApiError, RequestProblem
+from gateway.api.errors import validation_problem as problem_of
+from gateway.api.protocol import (
     INVOCATION_TAGS,
     STREAM_DESCRIPTION,
     UNION_TAGS,
@@ -26,8 +27,6 @@ from gateway.api_schema import (
     SessionClosed,
     SessionOpened,
 )
-from gateway.chat_types import ApiError
-from gateway.request_errors import RequestProblem
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `error.param` names the field."},
@@ -64,9 +63,8 @@ INVOCATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def validation_problem(errors: Sequence[Mapping[str, Any]]) -> RequestProblem:
-    """Pydantic's errors for a request body as the 400 it gets (:mod:`gateway.request_errors`)."""
-    return request_errors.validation_problem(errors, union_tags=UNION_TAGS,
-                                             body_tags=INVOCATION_TAGS)
+    """Pydantic's errors for a request body as the 400 it gets (:mod:`gateway.api.errors`)."""
+    return problem_of(errors, union_tags=UNION_TAGS, body_tags=INVOCATION_TAGS)
 
 
 Refuse = Callable[[Scope, ApiError], Response]

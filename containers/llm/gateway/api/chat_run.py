@@ -1,12 +1,10 @@
-"""What the request path hands the HTTP layer: the shared request/response types.
+"""One chat request on its way through the serving handler, as the HTTP layer receives it.
 
-The service (:mod:`gateway.service`) produces them and the response builders
-(:mod:`gateway.responses`) and the app (:mod:`gateway.app`) consume them, so both import this
-module and the dependency runs one way: app → responses → chat_types ← service.
+The serving handler (:mod:`gateway.api.serving`) produces these and the response builders
+(:mod:`gateway.api.responses`) and the handlers (:mod:`gateway.api.handlers`) consume them, so the
+dependency runs one way: handlers → responses → chat_run ← serving. A refusal is not here: it is
+:class:`gateway.api.errors.ApiError`, the one error base of the HTTP layer.
 
-* :class:`ApiError` — a request answered with an OpenAI-style error (4xx naming the field, or
-  429/503 with Retry-After); :func:`gateway.responses.error_response` is the one place that turns
-  it into a response.
 * :class:`TextEvent` / :class:`FinishEvent` — an answer's events; :class:`ChatRun` carries them
   with the :class:`PreparedChat` they answer; :class:`Answer` is a whole non-streamed answer.
 """
@@ -17,38 +15,13 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.admission import LengthBucket
-from gateway.api_schema import ChatCompletionRequest, ResponseExtension
+from gateway.api.protocol import ChatCompletionRequest, ResponseExtension
 from gateway.breaker import BreakerState
 from gateway.context_budget import ContextPlan
 from gateway.engines.base import RenderedPrompt, SamplingParams, TokenLogprob
-from gateway.request_errors import STATUS_CODES, RequestProblem, sentence
 from gateway.routing import RouteDecision
 from gateway.telemetry import RequestRecord
 from gateway.tokenizer import ChatTurn
-
-
-class ApiError(Exception):
-    """A request the gateway answers with an OpenAI-style error (never 5xx for bad input).
-
-    The code is never null: without one, the status's (:data:`gateway.request_errors.STATUS_CODES`);
-    the message is cut to :data:`gateway.request_errors.MESSAGE_CHARS`.
-    """
-
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = sentence(message)
-        self.type_ = type_
-        self.param = param
-        self.code = code or STATUS_CODES.get(status, "invalid_value")
-        self.headers = headers or {}
-
-    @classmethod
-    def bad_request(cls, problem: RequestProblem) -> ApiError:
-        """The 400 for ``problem``."""
-        return cls(400, problem.message, param=problem.param, code=problem.code)
 
 
 @dataclass(frozen=True)
