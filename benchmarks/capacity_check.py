@@ -128,12 +128,15 @@ def scaled_mix(max_model_len: int) -> list[Bucket]:
 
 class Model:
     """The capacity model's predictions for the scaled mix on the fitted engine. On this host
-    the gateway's per-request work (the front end) runs on the engine's two cores, so the
-    simulation charges it to the engine's steps (``shared_cores``); the plan's GPU figures
-    have neither."""
+    the gateway's per-request work (the front end) and this benchmark's own client run on the
+    engine's two cores, so the simulation charges both to the engine's steps
+    (``shared_cores_s``: the front end and ``client_s``, the client's CPU a request, measured
+    in the fit); the plan's GPU figures have neither."""
 
-    def __init__(self, fit: EngineFit, mix: Sequence[Bucket], budget: int, max_seqs: int):
+    def __init__(self, fit: EngineFit, mix: Sequence[Bucket], budget: int, max_seqs: int,
+                 client_s: float = 0.0):
         self.fit, self.mix, self.max_seqs = fit, mix, max_seqs
+        self.shared_s = fit.front_end_s + client_s
         self.inputs: RooflineInputs = fit.inputs(
             prompt_tokens=sum(b.share * b.prompt_tokens for b in mix), cached_prompt_tokens=0,
             output_tokens=sum(b.share * b.output_tokens for b in mix),
@@ -147,7 +150,7 @@ class Model:
     def at(self, batch: float) -> Figures:
         """A closed loop of ``batch`` requests, simulated on the mix's own buckets."""
         run = simulate(self.inputs, self.classes(), max(1, round(batch)), requests=SIM_REQUESTS,
-                       front_end_s=self.fit.front_end_s, shared_cores=True)
+                       front_end_s=self.fit.front_end_s, shared_cores_s=self.shared_s)
         return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
                        Latency(run.tpot.p50_ms, run.tpot.p99_ms), run.in_flight)
 
@@ -156,7 +159,8 @@ class Model:
         limit, _run = simulated_slo_limit(self.inputs, self.classes(), ttft_p99_ms=ttft_slo_ms,
                                           tpot_p99_ms=1e9, max_batch=self.max_seqs,
                                           requests=SIM_REQUESTS,
-                                          front_end_s=self.fit.front_end_s, shared_cores=True)
+                                          front_end_s=self.fit.front_end_s,
+                                          shared_cores_s=self.shared_s)
         return max(1, limit)
 
     def sustainable_per_min(self, batch: int) -> float:
@@ -169,7 +173,7 @@ class Model:
         try:
             run = simulate_open(self.inputs, self.classes(), per_min / 60,
                                 requests=SIM_REQUESTS, front_end_s=self.fit.front_end_s,
-                                shared_cores=True)
+                                shared_cores_s=self.shared_s)
         except SimulationError:
             return None
         return Figures(run.throughput_per_min, Latency(run.ttft.p50_ms, run.ttft.p99_ms),
@@ -266,21 +270,52 @@ def rows_of(load: str, mine: Figures | None, theirs: Figures, failed: int) -> li
     return rows
 
 
-def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> EngineFit:
+@dataclass(frozen=True)
+class ClientCost:
+    """This process's CPU (the benchmark's client) a request and a streamed token, from two
+    sets of requests with different answer lengths (two equations, two unknowns)."""
+
+    per_request_s: float
+    per_token_s: float
+
+    @classmethod
+    def solve(cls, first: tuple[float, int, int], second: tuple[float, int, int]) -> ClientCost:
+        """From ``(cpu seconds, requests, tokens)`` of two sets; zeros when they cannot be
+        told apart, no cost below 0."""
+        (c1, r1, t1), (c2, r2, t2) = first, second
+        det = r1 * t2 - r2 * t1
+        if not det:
+            return cls(0.0, 0.0)
+        per_token = (r1 * c2 - r2 * c1) / det
+        per_request = (c1 * t2 - c2 * t1) / det
+        return cls(max(0.0, per_request), max(0.0, per_token))
+
+
+def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> tuple[EngineFit, ClientCost]:
     """The profiles, measured through the gateway, fitted — on shapes and loads the check does
     not judge (``FIT_LOADS``): closed loops of 1, 2, 8 and 24 at 1.5 × the mix's mean prompt and
     twice its answer (the decode step; a long answer keeps the other requests' prefills a
     small share of it), and that prompt at ⅓, 1 and 2 × alone, ``4 × rounds`` requests each
-    (the prefill line and the front end: engine_fit's docstring)."""
+    (the prefill line and the front end: engine_fit's docstring). The client's CPU in each
+    set gives :class:`ClientCost`."""
     target = "the gateway on vLLM's CPU build"
     prompt = round(1.5 * sum(b.share * b.prompt_tokens for b in mix))
     output = max(4, round(2 * sum(b.share * b.output_tokens for b in mix)))
-    decode = measure(url, key=KEY, batch_sizes=[1, 2, 8, 24], rounds=rounds,
+    batches = [1, 2, 8, 24]
+    started = time.process_time()
+    decode = measure(url, key=KEY, batch_sizes=batches, rounds=rounds,
                      prompt_tokens=prompt, output_tokens=output, target=target, log=log)
+    decode_cpu = time.process_time() - started
+    started = time.process_time()
     alone = [measure(url, key=KEY, batch_sizes=[1], rounds=4 * rounds, prompt_tokens=tokens,
                      output_tokens=4, target=target, log=log)
              for tokens in (round(prompt / 3), prompt, 2 * prompt)]
-    return fit_engine(decode, alone)
+    alone_cpu = time.process_time() - started
+    decode_requests = sum(batches) * rounds + 1  # and the calibration request
+    alone_requests = 3 * (4 * rounds + 1)
+    client = ClientCost.solve((decode_cpu, decode_requests, sum(batches) * rounds * output),
+                              (alone_cpu, alone_requests, 3 * 4 * rounds * 4))
+    return fit_engine(decode, alone), client
 
 
 async def bucket_prompts(url: str, mix: Sequence[Bucket]) -> dict[str, str]:
@@ -299,8 +334,9 @@ def run(args: argparse.Namespace) -> list[str]:
                                 env=env) as servers:
         url = servers["gateway"].url
         mix = scaled_mix(args.max_model_len)
-        fit = fit_profiles(url, args.rounds, mix)
-        model = Model(fit, mix, engine.max_num_batched_tokens, engine.max_num_seqs)
+        fit, client = fit_profiles(url, args.rounds, mix)
+        model = Model(fit, mix, engine.max_num_batched_tokens, engine.max_num_seqs,
+                      client_s=client.per_request_s)
         slo_ms = args.ttft_slo_ms or round(SLO_OVER_ALONE * model.at(1).ttft.p50_ms, -1)
         limit = model.limit(slo_ms)
         rate = model.sustainable_per_min(limit)
@@ -309,7 +345,10 @@ def run(args: argparse.Namespace) -> list[str]:
             f"{1000 / fit.decode_tokens_per_s:.3f} ms a sequence, prefill "
             f"{fit.prefill_tokens_per_s:,.0f} tokens/s, front end "
             f"{fit.front_end_s * 1000:.1f} ms a request, unloaded jitter TTFT "
-            f"{fit.ttft_jitter:.2f} TPOT {fit.tpot_jitter:.2f}",
+            f"{fit.ttft_jitter:.2f} TPOT {fit.tpot_jitter:.2f}; this client's CPU "
+            f"{client.per_request_s * 1000:.1f} ms a request + "
+            f"{client.per_token_s * 1e6:.0f} µs a token (the request's share is charged to the "
+            "engine's cores with the front end's)",
             f"mix (production's × {args.max_model_len}/4,096): " + ", ".join(
                 f"{b.name} {b.share:.0%} {b.prompt_tokens}+{b.output_tokens}" for b in mix),
             f"fitted on: {FIT_LOADS}; judged on the buckets at their own sizes, at the loads "

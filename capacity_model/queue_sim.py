@@ -20,9 +20,10 @@ answer), and reads the quantiles off the simulated requests:
   that one request at a time gets (HTTP, the gateway's event loop rendering and tokenizing the
   prompt) — a FIFO server each request passes through before it joins the engine's queue. On a
   GPU host it is small beside a step and the plan leaves it out; on the CPU check it is the
-  largest part of a short request's first token, and simultaneous arrivals queue for it. There
-  it also runs on the engine's own cores (``shared_cores``): the step in progress when a
-  request passes the front end lasts that much longer;
+  largest part of a short request's first token, and simultaneous arrivals queue for it;
+* **shared cores** (``shared_cores_s``, 0 for the plan): the host work each request takes from
+  the engine's own cores (on the CPU check: the front end, and the benchmark client beside it):
+  the step in progress when a request arrives lasts that much longer;
 * **open loops** (:func:`simulate_open`): Poisson arrivals at a rate instead of a closed loop —
   a request's end sends nothing, and the figures include the queue that random arrivals build;
 * **jitter** of an unloaded engine (``ttft_p99_over_p50``, ``tpot_p99_over_p50``: p99 over p50
@@ -147,11 +148,11 @@ class _Loop:
 
     def __init__(self, inputs: RooflineInputs, classes: Sequence[RequestClass],
                  batch_size: int, seed: int, front_end_s: float = 0.0,
-                 shared_cores: bool = False) -> None:
+                 shared_cores_s: float = 0.0) -> None:
         self.inputs = inputs
         self.front_end_s = front_end_s
-        self.shared_cores = shared_cores
-        self.taken_s = 0.0  # front-end work done on the engine's cores since the last step
+        self.shared_cores_s = shared_cores_s
+        self.taken_s = 0.0  # host work done on the engine's cores since the last step
         self.front_free_s = 0.0
         self.open_rate = 0.0
         self.next_open_s = math.inf
@@ -192,10 +193,9 @@ class _Loop:
         request = _Request(klass, at_s, klass.uncached_tokens, self.arrivals,
                            self.answer_tokens(klass))
         self.arrivals += 1
+        self.taken_s += self.shared_cores_s
         if self.front_end_s > 0:
             self.front_free_s = max(at_s, self.front_free_s) + self.front_end_s
-            if self.shared_cores:
-                self.taken_s += self.front_end_s
             self.pending.append((self.front_free_s, request))
         else:
             self.pending.append((at_s, request))
@@ -261,22 +261,22 @@ def _jitter(rng: random.Random, ratio: float) -> float:
 
 def simulate(inputs: RooflineInputs, classes: Sequence[RequestClass], batch_size: int, *,
              requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
-             front_end_s: float = 0.0, shared_cores: bool = False) -> SimResult:
+             front_end_s: float = 0.0, shared_cores_s: float = 0.0) -> SimResult:
     """Run the closed loop until ``requests`` have finished after the warm-up (module
     docstring) and return their quantiles; ``front_end_s`` is the serial per-request work in
-    front of the engine, done on the engine's own cores with ``shared_cores`` (module
-    docstring).
+    front of the engine, ``shared_cores_s`` the host work a request takes from the engine's
+    cores (module docstring).
 
     Remembered per process (the inputs are frozen, the result is frozen and deterministic for
     them): a plan re-solves its reuse at the same batch sizes, and every environment load of a
     process re-makes the same plan, each simulation taking a quarter of a second."""
     return _simulate(inputs, tuple(classes), batch_size, requests, seed, front_end_s, 0.0,
-                     shared_cores)
+                     shared_cores_s)
 
 
 def simulate_open(inputs: RooflineInputs, classes: Sequence[RequestClass], per_second: float,
                   *, requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
-                  front_end_s: float = 0.0, shared_cores: bool = False) -> SimResult:
+                  front_end_s: float = 0.0, shared_cores_s: float = 0.0) -> SimResult:
     """Poisson arrivals at ``per_second`` (an open loop: nothing waits for an answer before
     sending) until ``requests`` have finished after the warm-up (the first ``requests`` / 10);
     ``batch_size`` of the result is 0. SimulationError for a rate the engine cannot keep up
@@ -284,13 +284,13 @@ def simulate_open(inputs: RooflineInputs, classes: Sequence[RequestClass], per_s
     if not (math.isfinite(per_second) and per_second > 0):
         raise SimulationError(f"per_second: {per_second!r}; accepted: a rate > 0")
     return _simulate(inputs, tuple(classes), 0, requests, seed, front_end_s, per_second,
-                     shared_cores)
+                     shared_cores_s)
 
 
 @functools.lru_cache(maxsize=1024)
 def _simulate(inputs: RooflineInputs, classes: tuple[RequestClass, ...], batch_size: int,
               requests: int, seed: int, front_end_s: float, per_second: float,
-              shared_cores: bool) -> SimResult:
+              shared_cores_s: float) -> SimResult:
     if batch_size < 1 and not per_second:
         raise SimulationError(f"batch_size: {batch_size!r}; accepted: >= 1")
     if requests < 100:
@@ -299,7 +299,9 @@ def _simulate(inputs: RooflineInputs, classes: tuple[RequestClass, ...], batch_s
         raise SimulationError("classes: accepted: at least one request class")
     if not (math.isfinite(front_end_s) and front_end_s >= 0):
         raise SimulationError(f"front_end_s: {front_end_s!r}; accepted: >= 0 seconds")
-    loop = _Loop(inputs, classes, batch_size, seed, front_end_s, shared_cores)
+    if not (math.isfinite(shared_cores_s) and shared_cores_s >= 0):
+        raise SimulationError(f"shared_cores_s: {shared_cores_s!r}; accepted: >= 0 seconds")
+    loop = _Loop(inputs, classes, batch_size, seed, front_end_s, shared_cores_s)
     if per_second:
         loop.open_rate, loop.warmup = per_second, requests // 10
         loop.next_open_s = loop.rng.expovariate(per_second)
@@ -357,7 +359,7 @@ def _quantiles(seconds: Sequence[float], *, tail: bool = False) -> Quantiles:
 def slo_limit(inputs: RooflineInputs, classes: Sequence[RequestClass], *, ttft_p99_ms: float,
               tpot_p99_ms: float, max_batch: int, start: int | None = None,
               requests: int = DEFAULT_REQUESTS, seed: int = DEFAULT_SEED,
-              front_end_s: float = 0.0, shared_cores: bool = False) -> tuple[int, SimResult]:
+              front_end_s: float = 0.0, shared_cores_s: float = 0.0) -> tuple[int, SimResult]:
     """The largest batch (up to ``max_batch``) whose simulated TTFT p99 over all requests and
     TPOT p99 meet the SLOs, and the simulation there; 0 and the batch-1 run when even one
     request misses them. ``start`` is a first guess (the closed form's limit): the search walks
@@ -365,7 +367,7 @@ def slo_limit(inputs: RooflineInputs, classes: Sequence[RequestClass], *, ttft_p
 
     def meets(size: int) -> tuple[bool, SimResult]:
         result = simulate(inputs, classes, size, requests=requests, seed=seed,
-                          front_end_s=front_end_s, shared_cores=shared_cores)
+                          front_end_s=front_end_s, shared_cores_s=shared_cores_s)
         return (result.ttft.p99_ms <= ttft_p99_ms and result.tpot.p99_ms <= tpot_p99_ms,
                 result)
 
@@ -382,5 +384,5 @@ def slo_limit(inputs: RooflineInputs, classes: Sequence[RequestClass], *, ttft_p
         guess = size + 2 if ok else size - 2
     if low == 0:
         return 0, runs.get(1) or simulate(inputs, classes, 1, requests=requests, seed=seed,
-                                          front_end_s=front_end_s, shared_cores=shared_cores)
+                                          front_end_s=front_end_s, shared_cores_s=shared_cores_s)
     return low, runs[low]

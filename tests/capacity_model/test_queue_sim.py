@@ -110,16 +110,20 @@ def test_the_front_end_is_a_queue_requests_pass_one_at_a_time() -> None:
     assert queued.request_s - engine_only == pytest.approx(0.020 + 0.010, rel=0.06)
     with pytest.raises(SimulationError, match="front_end_s"):
         simulate(inputs, klass, 8, requests=400, front_end_s=-1.0)
+    with pytest.raises(SimulationError, match="shared_cores_s"):
+        simulate(inputs, klass, 8, requests=400, shared_cores_s=float("nan"))
 
 
 def test_a_front_end_on_the_engines_cores_lengthens_its_steps() -> None:
-    """``shared_cores``: the front end's work is taken from the engine (the CPU host), so a
-    closed loop of 8 short requests, which pass it 10 ms each, finishes fewer a minute than
-    with the front end on cores of its own — by about the engine time it takes, not more."""
+    """``shared_cores_s``: a request's host work is taken from the engine (the CPU host), so a
+    closed loop of 8 short requests, whose front end takes 10 ms each of the engine's cores,
+    finishes fewer a minute than with the front end on cores of its own — by about the engine
+    time it takes, not more."""
     inputs = _inputs()
     klass = [RequestClass("M", 1.0, 100, 20)]
     apart = simulate(inputs, klass, 8, requests=2000, front_end_s=0.010)
-    shared = simulate(inputs, klass, 8, requests=2000, front_end_s=0.010, shared_cores=True)
+    shared = simulate(inputs, klass, 8, requests=2000, front_end_s=0.010,
+                      shared_cores_s=0.010)
     per_s = apart.throughput_per_min / 60
     assert shared.throughput_per_min < apart.throughput_per_min
     # Each request takes 10 ms of the engine's time: at ``per_s`` a second the engine keeps
