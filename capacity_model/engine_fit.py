@@ -14,11 +14,12 @@ decode-speed profiles with :mod:`tools.decode_bench` and fits the roofline
   ``n``-token answers each of the other ``B − 1`` passes the front end and prefills its ``P``
   tokens about once in a request's ``n`` steps, so ``(B − 1) / n × (f + P / R)`` a token, the
   front end's ``f`` included because on the CPU host it runs on the engine's cores (the
-  simulation's ``shared_cores``). With ``f = a − h`` (``a`` the first-token line's intercept)
-  that is linear in ``h`` and ``1 / Rc``: ``TPOT − (B − 1)/n × (a + P/R) = h × (1 − (B − 1)/n)
-  + B / Rc``. The simulation adds both back where they fall. A CPU has no memory roof apart
-  from its compute here (the tiny model's weights sit in cache), so the memory term is set to
-  nothing;
+  simulation's ``shared_cores_s``; the benchmark client's own work a request, which the check
+  also charges there, is not taken out here and stays in the fitted step). With ``f = a − h``
+  (``a`` the first-token line's intercept) that is linear in ``h`` and ``1 / Rc``:
+  ``TPOT − (B − 1)/n × (a + P/R) = h × (1 − (B − 1)/n) + B / Rc``. The simulation adds both
+  back where they fall. A CPU has no memory roof apart from its compute here (the tiny model's
+  weights sit in cache), so the memory term is set to nothing;
 * **the unloaded jitter**: the p99 over p50 of the first token (longest prompt) and of the
   decode step at batch 1.
 
