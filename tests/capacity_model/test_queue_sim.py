@@ -133,6 +133,20 @@ def test_a_front_end_on_the_engines_cores_lengthens_its_steps() -> None:
     assert shared.tpot.p50_ms > apart.tpot.p50_ms
 
 
+def test_host_work_shares_the_cores_over_the_next_steps_not_one() -> None:
+    """100 ms of host work a request, one request at a time: the cores are shared one for one,
+    so the prefill step (~28 ms) lasts twice as long rather than 100 ms longer, and the rest
+    of the work slows the decode steps after it: the request as a whole still takes about the
+    100 ms longer that the work costs."""
+    inputs = _inputs()
+    klass = [RequestClass("M", 1.0, 100, 40, spread=0.0)]
+    alone = simulate(inputs, klass, 1, requests=300)
+    shared = simulate(inputs, klass, 1, requests=300, shared_cores_s=0.100)
+    prefill_ms = 1000 * step_seconds(inputs, 0, 100)
+    assert shared.ttft.p50_ms - alone.ttft.p50_ms <= prefill_ms + 1
+    assert 1000 * (shared.request_s - alone.request_s) == pytest.approx(100, rel=0.1)
+
+
 def test_an_open_loop_keeps_littles_law_and_refuses_a_rate_beyond_the_engine() -> None:
     """Poisson arrivals: the throughput is the arrival rate, what is in flight is the rate
     times the time a request lasts, and the random gaps make a longer first-token tail than
