@@ -60,7 +60,7 @@ from capacity_model.check_verdict import (
     parse_table,
 )
 from capacity_model.decode_speed import Latency
-from capacity_model.engine_fit import EngineFit, FitError, fit_engine
+from capacity_model.engine_fit import ClientCost, EngineFit, FitError, fit_engine
 from capacity_model.queue_sim import RequestClass, SimulationError, simulate, simulate_open
 from capacity_model.queue_sim import slo_limit as simulated_slo_limit
 from capacity_model.roofline import RooflineInputs
@@ -268,27 +268,6 @@ def rows_of(load: str, mine: Figures | None, theirs: Figures, failed: int) -> li
         ("TPOT p99 ms", mine.tpot.p99_ms, theirs.tpot.p99_ms))]
     rows.append(Row(load, "failed requests", "0", str(failed)))
     return rows
-
-
-@dataclass(frozen=True)
-class ClientCost:
-    """This process's CPU (the benchmark's client) a request and a streamed token, from two
-    sets of requests with different answer lengths (two equations, two unknowns)."""
-
-    per_request_s: float
-    per_token_s: float
-
-    @classmethod
-    def solve(cls, first: tuple[float, int, int], second: tuple[float, int, int]) -> ClientCost:
-        """From ``(cpu seconds, requests, tokens)`` of two sets; zeros when they cannot be
-        told apart, no cost below 0."""
-        (c1, r1, t1), (c2, r2, t2) = first, second
-        det = r1 * t2 - r2 * t1
-        if not det:
-            return cls(0.0, 0.0)
-        per_token = (r1 * c2 - r2 * c1) / det
-        per_request = (c1 * t2 - c2 * t1) / det
-        return cls(max(0.0, per_request), max(0.0, per_token))
 
 
 def fit_profiles(url: str, rounds: int, mix: Sequence[Bucket]) -> tuple[EngineFit, ClientCost]:

@@ -73,6 +73,28 @@ class EngineFit:
             step_overhead_s=self.step_overhead_s)
 
 
+@dataclass(frozen=True)
+class ClientCost:
+    """A benchmark client's own CPU a request and a streamed token, from two sets of requests
+    with different answer lengths (two equations, two unknowns): on the CPU host it runs on
+    the engine's cores too (``benchmarks/capacity_check.py``)."""
+
+    per_request_s: float
+    per_token_s: float
+
+    @classmethod
+    def solve(cls, first: tuple[float, int, int], second: tuple[float, int, int]) -> ClientCost:
+        """From ``(cpu seconds, requests, tokens)`` of two sets; zeros when they cannot be
+        told apart, no cost below 0."""
+        (c1, r1, t1), (c2, r2, t2) = first, second
+        det = r1 * t2 - r2 * t1
+        if not det:
+            return cls(0.0, 0.0)
+        per_token = (r1 * c2 - r2 * c1) / det
+        per_request = (c1 * t2 - c2 * t1) / det
+        return cls(max(0.0, per_request), max(0.0, per_token))
+
+
 def line_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares intercept and slope of ``y = a + b·x``; FitError for fewer than two
     distinct ``x``."""

@@ -7,6 +7,7 @@ import pytest
 
 from capacity_model.decode_speed import DecodePoint, DecodeProfile, Latency
 from capacity_model.engine_fit import (
+    ClientCost,
     EngineFit,
     FitError,
     fit_engine,
@@ -96,3 +97,15 @@ def test_an_open_loop_rate_becomes_the_batch_littles_law_keeps_in_flight() -> No
     most = 64 / request_seconds(inputs, 64)
     assert open_loop_batch(inputs, most * 1.01, 64) is None  # beyond the engine
     assert ratio(3, 2) == 1.5
+
+
+def test_the_clients_cpu_is_split_into_a_request_and_a_token() -> None:
+    """Two sets of requests with different answer lengths: 2 ms a request and 50 µs a token
+    recovered; sets that cannot be told apart give no cost rather than a guess."""
+    cost = ClientCost
+    first = (105 * 0.002 + 105 * 73 * 50e-6, 105, 105 * 73)
+    second = (39 * 0.002 + 39 * 4 * 50e-6, 39, 39 * 4)
+    solved = cost.solve(first, second)
+    assert solved.per_request_s == pytest.approx(0.002)
+    assert solved.per_token_s == pytest.approx(50e-6)
+    assert cost.solve((1.0, 10, 40), (2.0, 20, 80)) == cost(0.0, 0.0)
