@@ -22,6 +22,7 @@ from gateway.api.serving import ChatService
 from gateway.breaker import BreakerPolicy, CircuitBreaker
 from gateway.engine_events import EngineEvents, breaker_transition_publisher
 from gateway.engines.base import InferenceEngine
+from gateway.gc_heap import ProcessHeap
 from gateway.health import CrashLoopDetector, RestartPolicy
 from gateway.lifecycle import FatalCallback, GatewayLifecycle, ProcessFailure
 from gateway.routing import AdapterRouter
@@ -45,6 +46,7 @@ class GatewayRuntime:
         clock: Callable[[], float] = time.monotonic,
         on_fatal: FatalCallback | None = None,
         watch_interval_s: float = 0.2,
+        heap: ProcessHeap | None = None,
     ) -> None:
         # Built in dependency order: each part gets what it calls at construction.
         gateway = settings.gateway
@@ -95,7 +97,7 @@ class GatewayRuntime:
             settings, supervisor=self.supervisor, breaker=self.breaker,
             crash_loop=self.crash_loop, admission=self.admission, tokenizer=tokenizer,
             events=self.events, telemetry=telemetry, clock=clock,
-            served_names=self.router.served_names(), failure=self.failure)
+            served_names=self.router.served_names(), failure=self.failure, heap=heap)
         self.http = Handlers(settings, service=self.service, lifecycle=self.lifecycle,
                              supervisor=self.supervisor, router=self.router,
                              sessions=self.sessions, telemetry=telemetry, clock=clock)
@@ -114,12 +116,15 @@ def create_app(
     engine_factory: Callable[[], InferenceEngine],
     telemetry: Telemetry | None = None,
     on_fatal: FatalCallback | None = None,
+    heap: ProcessHeap | None = None,
 ) -> FastAPI:
-    """Build the gateway app (the runtime is at ``app.state.runtime``)."""
+    """Build the gateway app (the runtime is at ``app.state.runtime``); ``heap``: the
+    process's garbage collector (:mod:`gateway.gc_heap`), which the app freezes once an engine
+    has warmed up (None: left alone)."""
     runtime = GatewayRuntime(
         settings, tokenizer=tokenizer, engine_factory=engine_factory,
         telemetry=telemetry or Telemetry(endpoint_name=settings.gateway.metrics_endpoint_name,
                                          variant_name=settings.gateway.metrics_variant_name),
-        on_fatal=on_fatal,
+        on_fatal=on_fatal, heap=heap,
     )
     return runtime.app

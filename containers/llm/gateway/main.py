@@ -41,6 +41,7 @@ from gateway.app import GatewayRuntime, create_app
 from gateway.engines import EngineBuilder, UnknownEngine, engine_builder
 from gateway.engines.base import EngineConfigError
 from gateway.engines.vllm import server_flags
+from gateway.gc_heap import ProcessHeap
 from gateway.settings import Settings, SettingsError, load_settings
 from gateway.start_cache.loader import prepare_start_cache
 from gateway.tokenizer import ChatTokenizer, ModelDirError
@@ -174,7 +175,7 @@ def run(argv: Sequence[str] | None = None,
             server.should_exit = True
 
     app = create_app(settings, tokenizer=tokenizer, engine_factory=lambda: builder(settings),
-                     on_fatal=on_fatal)
+                     on_fatal=on_fatal, heap=ProcessHeap())
     config = uvicorn.Config(
         app, host=args.host, port=port, log_level=args.log_level, access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.app import GatewayRuntime
+from gateway.gc_heap import ProcessHeap
 from gateway.telemetry import Telemetry
 from gateway.tokenizer import ChatTokenizer
 from tests.containers.llm.harness import GatewayProcess, make_settings
@@ -60,7 +61,8 @@ def gateway(start_gateway: Any) -> GatewayProcess:
 def make_runtime(demo_model_dir: Path, chat_tokenizer: ChatTokenizer) -> Any:
     """Factory: an in-process GatewayRuntime (not started) whose log lines land in a list."""
 
-    def build(**env: str) -> tuple[GatewayRuntime, list[str]]:
+    def build(*, heap: ProcessHeap | None = None, **env: str
+              ) -> tuple[GatewayRuntime, list[str]]:
         # SIM_* are the simulator's own knobs; the rest are the gateway's settings.
         sim = SimSettings.from_environ(env)
         settings = make_settings(demo_model_dir, **{key: value for key, value in env.items()
@@ -71,6 +73,7 @@ def make_runtime(demo_model_dir: Path, chat_tokenizer: ChatTokenizer) -> Any:
             engine_factory=lambda: from_settings(settings, sim),
             telemetry=Telemetry(endpoint_name="test", variant_name="AllTraffic",
                                 sink=lines.append),
+            heap=heap,
         )
         return runtime, lines
 

@@ -54,7 +54,7 @@ def test_a_cold_host_serves_ten_requests_one_second_apart_after_warmup(
     assert admission["refused_by_valve"] == 0 and admission["refused_while_idle"] == 0
     phases = {line["phase"]: line for line in gateway.lines() if line.get("event") == "start_phase"}
     assert list(phases) == ["start_cache", "engine_start", "warmup_first_use", "warmup_measure",
-                            "healthy"]
+                            "gc_freeze", "healthy"]
     # The first pass paid the compiles (several shapes at 1 s each), the second did not.
     assert phases["warmup_first_use"]["seconds"] > 3.0
     assert phases["warmup_measure"]["seconds"] < phases["warmup_first_use"]["seconds"] / 2

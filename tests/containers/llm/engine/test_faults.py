@@ -293,7 +293,7 @@ def assert_rebuilt_engine_warmed_before_it_served(gateway: ServerProcess,
     assert rewarm and healthy and rewarm[0] < healthy[0], (rewarm, healthy)
     phases = [line["phase"] for line in lines[rewarm[0]:healthy[0] + 1]
               if line.get("event") == "start_phase"]
-    assert phases == ["warmup_first_use", "warmup_measure", "healthy"], phases
+    assert phases == ["warmup_first_use", "warmup_measure", "gc_freeze", "healthy"], phases
     ready_at = min(sample["t"] for sample in samples
                    if sample["ping"]["engine_generation"] == 1
                    and sample["ping"]["engine"] == "ready")
