@@ -77,7 +77,7 @@ def test_the_coverage_phase_finds_no_server_error(gateway: GatewayProcess) -> No
                 failures.append(f"{path} {response.status_code} {json.dumps(case.body)[:300]} "
                                 f"-> {response.text[:200]}")
             elif response.status_code >= 400:
-                for problem in error_shape_problems(response):
+                for problem in error_shape_problems(response, case.body):
                     shapes[problem.split(":")[0][:60]] += 1
     print(f"coverage phase: {sum(statuses.values())} requests; statuses {sorted(statuses.items())}"
           f"; error-shape problems {dict(shapes)}")
@@ -85,6 +85,22 @@ def test_the_coverage_phase_finds_no_server_error(gateway: GatewayProcess) -> No
     assert not shapes, shapes
     assert sum(statuses.values()) >= 600
     assert gateway.process.poll() is None
+
+
+def test_a_value_the_caller_sent_is_not_taken_for_an_internal() -> None:
+    """The leak check reads the message less what the caller sent: a fuzzer's string "0x"
+    quoted back ("got ['0x']") is the caller's, a ``<function ... at 0x7f...>`` is not."""
+    quoting = httpx.Response(400, json={"error": {
+        "message": "messages[0].tool_calls: not accepted by this gateway; got ['0x']",
+        "type": "invalid_request_error", "param": "messages[0].tool_calls",
+        "code": "unsupported_parameter"}})
+    assert error_shape_problems(quoting, {"messages": [{"tool_calls": ["0x"]}]}) == []
+    assert error_shape_problems(quoting) != []
+    internal = httpx.Response(400, json={"error": {
+        "message": "messages: <function check at 0x7f3a> failed", "type": "invalid_request_error",
+        "param": "messages", "code": "invalid_value"}})
+    assert error_shape_problems(internal, {"messages": [{"content": "0x"}]}) == [
+        "message leaks ['<function']: 'messages: <function check at 0x7f3a> failed'"]
 
 
 def test_the_fuzzing_phase_finds_no_server_error(gateway: GatewayProcess) -> None:
@@ -106,7 +122,7 @@ def test_the_fuzzing_phase_finds_no_server_error(gateway: GatewayProcess) -> Non
         statuses[response.status_code] += 1
         assert response.status_code < 500, f"{response.status_code}: {response.text[:500]}"
         if response.status_code >= 400 and case.operation.method.upper() == "POST":
-            assert_error_shape(response)
+            assert_error_shape(response, sent=case.body)
         case.validate_response(response, checks=CHECKS)
 
     check()
@@ -175,7 +191,7 @@ def test_schema_valid_requests_are_accepted(gateway: GatewayProcess) -> None:
         if response.status_code == 200:
             outcomes["accepted"] += 1
             return
-        error = assert_error_shape(response)
+        error = assert_error_shape(response, sent=case.body)
         reason = _refusal_reason(error)
         outcomes[reason or "undocumented"] += 1
         if reason is None:
