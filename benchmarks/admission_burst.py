@@ -72,6 +72,9 @@ class Burst:
     preemptions: float = 0.0
     server_refusal_ms: list[float] = field(default_factory=list)
     """The gateway's own time for each refusal (its request log line: arrival to answer)."""
+    valve_before: dict[str, Any] = field(default_factory=dict)
+    """The gateway's prefill valve just before the burst (/ping's ``admission`` block): the
+    drain rate it had learned and the cap that rate gave; a one-shot burst is decided by them."""
 
     def figures(self, slo_ms: float) -> Figures:
         """Answers within the SLO and admitted TTFT from the coroutine's start, as before."""
@@ -109,8 +112,10 @@ def record(server: ServerProcess, name: str, size: int, seed: int) -> Burst:
     """One burst on one server, with the engine's preemptions meanwhile (and, for the gateway,
     its own time for each refusal)."""
     before = (len(server.json_lines()) if name == "gateway" else vllm_preemptions(server))
+    valve = (httpx.get(f"{server.url}/ping", timeout=10).json().get("admission", {})
+             if name == "gateway" else {})
     outcomes = asyncio.run(burst(server, common.request_path(name), size, seed))
-    result = Burst(size, outcomes)
+    result = Burst(size, outcomes, valve_before=valve)
     if name == "gateway":
         lines = gateway_lines(server, int(before))
         result.preemptions = gateway_preemptions(lines)
@@ -145,9 +150,13 @@ def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], ro
                 result = record(servers[name], name, size, seed)
                 results[multiple][name].append(result)
                 got = result.figures(slo_ms)
+                valve = result.valve_before
+                learned = (f"; valve before it: {valve.get('drain_tokens_per_s')} prompt tokens "
+                           f"a second, cap {valve.get('valve_cap_tokens')} tokens"
+                           if valve else "")
                 print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
                       f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "
-                      f"{got.errors:g} failed", file=sys.stderr, flush=True)
+                      f"{got.errors:g} failed{learned}", file=sys.stderr, flush=True)
                 time.sleep(1.0)
     return results
 
