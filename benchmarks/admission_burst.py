@@ -152,7 +152,8 @@ def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], ro
                 got = result.figures(slo_ms)
                 valve = result.valve_before
                 learned = (f"; valve before it: {valve.get('drain_tokens_per_s')} prompt tokens "
-                           f"a second, cap {valve.get('valve_cap_tokens')} tokens"
+                           f"a second, target {valve.get('valve_target_s')} s, cap "
+                           f"{valve.get('valve_cap_tokens')} tokens"
                            if valve else "")
                 print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
                       f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "

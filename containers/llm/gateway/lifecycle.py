@@ -353,6 +353,7 @@ class GatewayLifecycle:
             "drain_tokens_per_s": round(valve.rate, 1),
             "valve_backlog_tokens": valve.backlog,
             "valve_cap_tokens": round(valve.cap(now), 1),
+            "valve_target_s": round(valve.target_s, 3),
             "refused_by_valve": arrivals.refused_by_valve,
             "refused_while_idle": arrivals.refused_while_idle,
             "floor_admits": arrivals.floor_admits,

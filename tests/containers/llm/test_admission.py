@@ -22,6 +22,7 @@ from gateway.admission import (
     classify_bucket,
     retry_after_header,
 )
+from gateway.admission.valve import TARGET_SHARE
 from gateway.api.chat_run import FinishEvent, TextEvent
 from gateway.api.errors import ApiError
 from gateway.engines.base import KvCapacity
@@ -118,8 +119,9 @@ def test_a_request_that_fits_is_dispatched_at_once() -> None:
 
 
 def test_a_request_beyond_the_valve_is_refused_at_once_with_a_retry_after() -> None:
-    """Target 1 s at 1,000 tokens a second: 900 tokens wait, 900 more would not drain in time;
-    refused on arrival (not after a wait), the Retry-After the backlog's drain time."""
+    """Target 1.4 s (0.7 of a 2 s SLO) at 1,000 tokens a second: 900 tokens wait, 900 more
+    would not drain in time; refused on arrival (not after a wait), the Retry-After the
+    backlog's drain time."""
     async def scenario() -> tuple[AdmissionRejected, float, int]:
         admission = controller(slo_s=2.0, rate=1000.0)
         held = await admission.acquire(request(1000), max_wait_s=1.0)
@@ -133,8 +135,9 @@ def test_a_request_beyond_the_valve_is_refused_at_once_with_a_retry_after() -> N
     rejected, elapsed, waiting = asyncio.run(scenario())
     assert rejected.reason is RefusalReason.TTFT_SLO and rejected.bucket is LengthBucket.L
     assert elapsed < 0.05 and rejected.waited_s == 0.0
-    assert (rejected.backlog_tokens, rejected.cap_tokens) == (900, pytest.approx(1000.0))
-    assert rejected.retry_after_s == pytest.approx(1800 / 1000 - 1.0)
+    target_s = TARGET_SHARE * 2.0
+    assert (rejected.backlog_tokens, rejected.cap_tokens) == (900, pytest.approx(1000 * target_s))
+    assert rejected.retry_after_s == pytest.approx(1800 / 1000 - target_s)
     assert retry_after_header(rejected.retry_after_s, 1) == "1"
     assert retry_after_header(120.0, 1) == "60" and retry_after_header(None, 2) == "2"
     assert waiting == 0

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from gateway.admission.valve import PrefillValve
+from gateway.admission.valve import (
+    LATE_SHARE,
+    STANDING_DECREASE,
+    TARGET_MAX_SHARE,
+    TARGET_MIN_SHARE,
+    TARGET_STEP,
+    PrefillValve,
+)
 
 
 def valve(rate: float = 1000.0, target_s: float = 1.0, weight: float = 0.25) -> PrefillValve:
@@ -65,6 +72,30 @@ def test_a_window_closes_when_the_backlog_empties() -> None:
     assert gate.windows == 1 and gate.rate == pytest.approx(3000.0)
 
 
+def test_the_rest_of_a_stretch_too_short_to_measure_is_carried_not_dropped() -> None:
+    """Two waves: the window across the gap closes at the second wave's first token (200 tokens
+    in 0.6 s); the second wave's quick drain (1,000 tokens in 50 ms) is too short to measure
+    alone and is carried into the next window, which closes after 0.25 s of backlog (dropped,
+    it left the rate at the gap's after every such burst)."""
+    gate = valve(rate=1000.0, weight=1.0)
+    gate.enter("a", 100, 0.0)
+    gate.enter("b", 100, 0.0)
+    gate.enter("c", 1000, 0.0)
+    gate.first_token("a", 0.1)
+    gate.first_token("b", 0.6)
+    assert gate.windows == 1 and gate.rate == pytest.approx(200 / 0.6)
+    gate.first_token("c", 0.65)
+    gate.enter("d", 100, 5.0)
+    gate.first_token("d", 5.15)  # 0.2 s of backlog with the carried 50 ms: not yet
+    assert gate.windows == 1
+    gate.enter("e", 100, 6.0)
+    gate.first_token("e", 6.1)
+    assert gate.windows == 2 and gate.rate == pytest.approx(1200 / 0.3)
+    gate.enter("f", 100, 9.0)
+    gate.first_token("f", 9.1)  # nothing carried any more: a whole stretch again
+    assert gate.windows == 3 and gate.rate == pytest.approx(1000.0)
+
+
 def test_time_without_backlog_is_not_counted() -> None:
     gate = valve(rate=1000.0, weight=1.0)
     gate.enter("a", 100, 0.0)
@@ -115,3 +146,98 @@ def test_reset_starts_again_from_a_rate_and_keeps_what_waits() -> None:
 def test_nonsense_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PrefillValve(**kwargs)
+
+
+def steered(target_s: float = 1.5, slo_s: float = 2.0) -> PrefillValve:
+    """A valve whose target follows the first tokens (rate 1,000/s)."""
+    return PrefillValve(target_s=target_s, rate=1000.0, weight=0.25, slo_s=slo_s)
+
+
+def test_a_late_first_token_lowers_the_target_once_per_round_trip() -> None:
+    """Admitted by the cap, first token after 0.8 of the SLO: the target comes down at once by
+    the bound over that wait (1.6 s over 1.7 s); another late one admitted before that decrease
+    does not move it (it reports the old target), one admitted after it does."""
+    gate = steered()
+    bound = LATE_SHARE * 2.0
+    gate.enter("a", 100, 0.0)
+    gate.enter("b", 100, 0.0)
+    gate.first_token("a", 1.7)
+    assert gate.target_s == pytest.approx(1.5 * bound / 1.7)
+    gate.first_token("b", 1.9)  # admitted at 0 s, before the decrease at 1.7 s
+    assert gate.target_s == pytest.approx(1.5 * bound / 1.7)
+    gate.enter("c", 100, 3.0)
+    gate.first_token("c", 4.9)
+    assert gate.target_s == pytest.approx(1.5 * bound / 1.7 * bound / 1.9)
+
+
+def test_a_standing_queue_lowers_the_target() -> None:
+    """For an SLO's worth of seconds (2 s) no first token within a quarter of the SLO (0.5 s):
+    the backlog only adds delay, the target comes down by STANDING_DECREASE; an interval with
+    one quick first token leaves it."""
+    gate = steered()
+    gate.enter("keep", 1, 0.0)
+    for index in range(5):  # waits of 0.6 s, one every 0.5 s, 0.5 to 2.5 s
+        gate.enter(index, 100, index * 0.5 - 0.1)
+        gate.first_token(index, index * 0.5 + 0.5)
+    assert gate.target_s == pytest.approx(1.5 * STANDING_DECREASE)
+    for index in range(5, 10):  # 3.0 to 5.0 s, one of them quick
+        gate.enter(index, 100, index * 0.5 - (0.2 if index == 7 else 0.1))
+        gate.first_token(index, index * 0.5 + (0.0 if index == 7 else 0.5))
+    assert gate.target_s == pytest.approx(1.5 * STANDING_DECREASE)
+
+
+def test_a_backlog_that_ran_dry_after_refusals_raises_the_target() -> None:
+    """The valve turned users away and then the engine ran out of work: the target goes up by
+    TARGET_STEP of the SLO; a backlog that empties without refusals leaves it."""
+    gate = steered()
+    gate.enter("a", 100, 0.0)
+    gate.first_token("a", 0.3)
+    assert gate.target_s == pytest.approx(1.5)
+    gate.enter("b", 100, 1.0)
+    gate.refused()
+    gate.first_token("b", 1.3)
+    assert gate.target_s == pytest.approx(1.5 + TARGET_STEP * 2.0)
+    gate.enter("c", 100, 2.0)
+    gate.refused()
+    gate.leave("c", 2.1)  # left without a first token (cancelled): ran dry all the same
+    assert gate.target_s == pytest.approx(1.5 + 2 * TARGET_STEP * 2.0)
+
+
+def test_the_target_stays_within_its_bounds() -> None:
+    gate = steered()
+    for index in range(40):
+        gate.enter(index, 10, 10.0 * index)
+        gate.refused()
+        gate.first_token(index, 10.0 * index + 0.1)
+    assert gate.target_s == pytest.approx(TARGET_MAX_SHARE * 2.0)
+    for index in range(40, 80):
+        gate.enter(index, 10, 10.0 * index)
+        gate.first_token(index, 10.0 * index + 1.95)
+    assert gate.target_s == pytest.approx(TARGET_MIN_SHARE * 2.0)
+
+
+def test_what_the_floor_or_warmup_admitted_does_not_move_the_target() -> None:
+    gate = steered()
+    gate.enter("keep", 1, 0.0)
+    gate.enter("a", 5000, 0.0, floor=True)  # over the cap, admitted by the floor
+    gate.first_token("a", 1.95)
+    assert gate.target_s == pytest.approx(1.5)
+    gate.enter("b", 100, 2.0)
+    gate.first_token("b", 3.95, learn=False)  # warmup's first pass teaches nothing
+    assert gate.target_s == pytest.approx(1.5)
+
+
+def test_without_an_slo_the_target_stays_and_reset_restores_it() -> None:
+    fixed = valve(target_s=1.0)
+    fixed.enter("a", 100, 0.0)
+    fixed.refused()
+    fixed.first_token("a", 1.95)
+    assert fixed.target_s == pytest.approx(1.0)
+    gate = steered()
+    gate.enter("a", 100, 0.0)
+    gate.first_token("a", 1.95)
+    assert gate.target_s < 1.5
+    gate.reset(1000.0)  # a new engine: the rate and the target start again
+    assert gate.target_s == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="slo_s must be >= target_s"):
+        PrefillValve(target_s=2.0, rate=1.0, slo_s=1.0)

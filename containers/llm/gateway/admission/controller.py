@@ -96,6 +96,8 @@ class _Ticket:
     arrived_at: float
     floor: bool = False
     """Admitted by the valve's floor although the backlog with it was over the cap."""
+    by_rule: bool = False
+    """Admitted by the valve's step rule (one scheduler step, taken at once) over the cap."""
     learn: bool = True
     """Whether its first token teaches the valve (off for warmup's first pass)."""
     future: asyncio.Future[KvReservation] | None = None
@@ -141,7 +143,7 @@ class AdmissionController:
         self.clock = clock
         self.prior_rate = prior_rate
         self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
-                                  step_tokens=step_tokens)
+                                  step_tokens=step_tokens, slo_s=ttft_slo_s)
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -196,6 +198,7 @@ class AdmissionController:
         arrivals = self.arrivals
         while_idle = self.nearly_idle()
         arrivals.refused_by_valve += 1
+        self.valve.refused()
         if while_idle:
             arrivals.refused_while_idle += 1
             arrivals.last_refused_while_idle_at = now
@@ -223,7 +226,8 @@ class AdmissionController:
         now = self.clock()
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
         self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
-        self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at)
+        self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
+                         floor=ticket.floor or ticket.by_rule)
         ticket.future = asyncio.get_running_loop().create_future()
         self._queue.append(ticket)
         self.dispatch()
@@ -254,6 +258,7 @@ class AdmissionController:
         if probe_limit is not None and len(self._running) + len(self._queue) >= probe_limit:
             raise AdmissionRejected(RefusalReason.PROBE_LIMIT, request.bucket, 0.0)
         if not by_valve:
+            ticket.by_rule = True  # warmup: its wait is not the cap's decision
             return
         valve = self.valve
         now = self.clock()
@@ -263,6 +268,7 @@ class AdmissionController:
             self.arrivals.floor_admits += ticket.floor
             return
         if self._takes_at_once(ticket) and valve.fits_step(request.prompt_tokens, now):
+            ticket.by_rule = True
             return
         raise self._refused(request.bucket, request.prompt_tokens, now)
 

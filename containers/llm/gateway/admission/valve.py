@@ -34,6 +34,30 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   without this the valve kept the backlog too small to ever see the batch's rate and refused
   12,898 requests of a closed loop of 64 (docs/gateway.md#surges).
 
+**The target follows the first tokens** (when the valve knows the SLO, ``slo_s``). A backlog
+does not drain at one rate: a burst on an idle engine starts the pool's worth at once and the
+next wave only as the first finishes its answers, so where the SLO falls in tokens of backlog
+depends on the surge's shape, and no one share of the SLO fits both shapes. Half of it left
+one-shot bursts at 0.33-0.64x what vLLM without a cap starts within the SLO; 0.85 reached
+parity there and let admitted p99 reach 2.4 s. In a sustained surge a higher target buys no
+answers at all (the engine is saturated either way) and only lengthens every wait. The target
+starts at :data:`TARGET_SHARE` of the SLO, stays between :data:`TARGET_MIN_SHARE` and
+:data:`TARGET_MAX_SHARE`, and moves by three rules (CoDel's, on first tokens):
+
+* **late** — a request the cap admitted after the last decrease had its first token later than
+  :data:`LATE_SHARE` of the SLO: down by the ratio of that bound to the wait (a near miss nudges
+  it, a wait twice the bound halves it), once per round trip: the late ones admitted before a
+  decrease report the old target;
+* **standing** — for an SLO's worth of seconds the backlog never emptied and no first token came
+  within :data:`STANDING_SHARE` of the SLO: a standing queue, whose only effect is delay; down by
+  :data:`STANDING_DECREASE`;
+* **ran dry** — the backlog emptied after the valve had refused requests while it lasted: the
+  engine ran out of work it could have had; up by :data:`TARGET_STEP` of the SLO.
+
+Requests the floor or the step rule admitted are not the cap's decision and teach nothing. No
+baseline latency to drift (Netflix's gradient limits compare with one): the bounds are shares of
+the SLO.
+
 Why it heals a wrong estimate in seconds: a cap ``k`` times too small still admits by the floor,
 and each window moves the log-rate by ``DRAIN_WEIGHT × log k``; a cap too large admits a
 backlog whose age closes the valve within ``target_s`` and whose first tokens then teach the
@@ -56,10 +80,25 @@ DRAIN_WEIGHT = 0.35
 WINDOW_S = 0.25
 """Seconds of backlog that close a measuring window (a surge learns four times a second; a
 quiet spell, at the end of each stretch of backlog)."""
-TARGET_SHARE = 0.5
-"""The valve's target first token as a share of the TTFT SLO: the last request admitted into a
-full backlog waits about the target, and the spread of real first tokens around it (a decode
-step, a LoRA load) must stay under the SLO at the 99th percentile."""
+TARGET_SHARE = 0.7
+"""The valve's target first token as a share of the TTFT SLO before any feedback: the last
+request admitted into a full backlog waits about the target, and the spread of real first
+tokens around it (a decode step, a LoRA load, the next wave of a burst) must stay under the
+SLO at the 99th percentile. The first tokens move it (see the module docstring)."""
+TARGET_MIN_SHARE = 0.25
+TARGET_MAX_SHARE = 0.9
+"""The bounds the feedback keeps the target in, as shares of the SLO."""
+LATE_SHARE = 0.8
+"""An admitted request whose first token came later than this share of the SLO came close to
+a miss: the target comes down (the spread of first tokens around the target is what the rest
+of the SLO is for)."""
+STANDING_SHARE = 0.25
+"""A stretch of backlog in which no first token came within this share of the SLO, for an SLO's
+worth of seconds, is a standing queue."""
+STANDING_DECREASE = 0.9
+"""What a standing queue multiplies the target by."""
+TARGET_STEP = 0.05
+"""What a backlog that ran dry after refusals adds to the target, as a share of the SLO."""
 BOUND_AFTER = 0.5
 """A waiting request bounds the rate once it has waited this share of the target."""
 MIN_RATE = 1.0
@@ -75,20 +114,32 @@ class Waiting:
     own: int
     """Its own prompt tokens."""
     arrived_at: float
+    entered_at: float = 0.0
+    """When it was admitted (the target it was admitted under was the one then)."""
+    floor: bool = False
+    """Admitted by the floor or the step rule, not by the cap: its wait says nothing of the
+    target."""
 
 
 class PrefillValve:
     """The backlog, the measured drain rate and the decision (see the module docstring)."""
 
     def __init__(self, *, target_s: float, rate: float, weight: float = DRAIN_WEIGHT,
-                 step_tokens: int = 0) -> None:
+                 step_tokens: int = 0, slo_s: float | None = None) -> None:
         if not target_s > 0:
             raise ValueError(f"target_s must be > 0, got {target_s}")
+        if slo_s is not None and not slo_s >= target_s:
+            raise ValueError(f"slo_s must be >= target_s ({target_s}), got {slo_s}")
         if not 0 < weight <= 1:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         if step_tokens < 0:
             raise ValueError(f"step_tokens must be >= 0, got {step_tokens}")
+        self._initial_target_s = target_s
         self.target_s = target_s
+        """The first token the cap aims at (seconds); moved by the first tokens when
+        ``slo_s`` is set."""
+        self.slo_s = slo_s
+        """The TTFT SLO the target follows (None: the target stays where it was set)."""
         self.weight = weight
         self.step_tokens = step_tokens
         """Prompt tokens the engine prefills in one scheduler step (:meth:`fits_step`; 0:
@@ -103,6 +154,10 @@ class PrefillValve:
         self._busy_s = 0.0  # seconds of backlog in the open window
         self._drained = 0  # tokens that reached their first token in it
         self._whole = True  # whether it began with the backlog empty
+        self._decreased_at = -math.inf  # when the target last came down for a late request
+        self._interval_start: float | None = None  # the standing rule's interval (None: idle)
+        self._shortest_wait = math.inf  # the shortest cap-admitted wait in that interval
+        self._refused = False  # the valve refused since the backlog was last empty
 
     @property
     def rate(self) -> float:
@@ -152,14 +207,16 @@ class PrefillValve:
         self._mark = now if self._waiting else None
 
     def enter(self, key: Hashable, own: int, now: float, *,
-              arrived_at: float | None = None) -> None:
+              arrived_at: float | None = None, floor: bool = False) -> None:
         """``key`` was admitted at ``now`` with ``own`` prompt tokens; ``arrived_at``: when it
-        reached the gateway (its wait is counted from then; None: ``now``)."""
+        reached the gateway (its wait is counted from then; None: ``now``); ``floor``: admitted
+        by the floor or the step rule, not by the cap."""
         if key in self._waiting:
             raise ValueError(f"{key!r} is already waiting")
         self._advance(now)
         self._waiting[key] = Waiting(ahead=self.backlog, own=max(0, own),
-                                     arrived_at=now if arrived_at is None else arrived_at)
+                                     arrived_at=now if arrived_at is None else arrived_at,
+                                     entered_at=now, floor=floor)
         self.backlog += max(0, own)
         self._mark = now
 
@@ -172,6 +229,8 @@ class PrefillValve:
         if not learn:
             self._busy_s, self._drained = 0.0, 0
             return
+        if not entry.floor and self.slo_s is not None:
+            self._steer(entry, now)
         self._drained += entry.own
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
         if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
@@ -181,8 +240,45 @@ class PrefillValve:
             self._busy_s, self._drained, self._whole = 0.0, 0, False
         if not self._waiting and not self._whole:
             # The rest of a stretch whose earlier part closed a window: first tokens come in
-            # batches, so its last few may drain in a millisecond; dropped, not measured.
-            self._busy_s, self._drained, self._whole = 0.0, 0, True
+            # batches, so its last few may drain in a millisecond, too short to measure alone.
+            # It is carried into the next window, which closes only after WINDOW_S of backlog:
+            # dropped, it lowered the rate after every burst of two waves (the window across
+            # the gap between them counted, the second wave's quick drain did not).
+            if not self._drained:
+                self._busy_s, self._whole = 0.0, True
+
+    def refused(self) -> None:
+        """The valve's decision turned a request away (the target may be too low)."""
+        self._refused = True
+
+    def _steer(self, entry: Waiting, now: float) -> None:
+        """A request the cap admitted had its first token at ``now``: the late and the standing
+        rules (see the module docstring)."""
+        slo = self.slo_s
+        assert slo is not None
+        wait = now - entry.arrived_at
+        if wait > LATE_SHARE * slo and entry.entered_at > self._decreased_at:
+            self._move(self.target_s * LATE_SHARE * slo / wait)
+            self._decreased_at = now
+        self._shortest_wait = min(self._shortest_wait, wait)
+        if self._interval_start is None:
+            self._interval_start = entry.entered_at
+        if now - self._interval_start >= slo:
+            if self._shortest_wait > STANDING_SHARE * slo:
+                self._move(self.target_s * STANDING_DECREASE)
+            self._interval_start, self._shortest_wait = now, math.inf
+
+    def _move(self, target_s: float) -> None:
+        assert self.slo_s is not None
+        self.target_s = min(TARGET_MAX_SHARE * self.slo_s,
+                            max(TARGET_MIN_SHARE * self.slo_s, target_s))
+
+    def _ran_dry(self) -> None:
+        """The backlog emptied: the ran-dry rule, and the standing rule's interval ends."""
+        if self._refused and self.slo_s is not None:
+            self._move(self.target_s + TARGET_STEP * self.slo_s)
+        self._refused = False
+        self._interval_start, self._shortest_wait = None, math.inf
 
     def leave(self, key: Hashable, now: float) -> Waiting | None:
         """``key`` left the backlog at ``now`` (on its own: without a first token — refused
@@ -192,11 +288,16 @@ class PrefillValve:
             return None
         self._advance(now)  # the backlog it was part of lasted until now
         self.backlog -= entry.own
+        if not self._waiting:
+            self._ran_dry()
         return entry
 
     def reset(self, rate: float) -> None:
-        """Start again from ``rate`` (a new engine, or warmup's measuring pass); what is
-        waiting stays counted."""
+        """Start again from ``rate`` and the target it was built with (a new engine, or
+        warmup's measuring pass); what is waiting stays counted."""
         self._rate = max(MIN_RATE, rate)
+        self.target_s = self._initial_target_s
+        self._decreased_at = -math.inf
+        self._interval_start, self._shortest_wait, self._refused = None, math.inf, False
         self.windows = 0
         self._busy_s, self._drained = 0.0, 0
