@@ -238,14 +238,13 @@ class PrefillValve:
             self._rate *= (measured / self._rate) ** self.weight  # a step in log space
             self.windows += 1
             self._busy_s, self._drained, self._whole = 0.0, 0, False
-        if not self._waiting and not self._whole:
-            # The rest of a stretch whose earlier part closed a window: first tokens come in
-            # batches, so its last few may drain in a millisecond, too short to measure alone.
-            # It is carried into the next window, which closes only after WINDOW_S of backlog:
-            # dropped, it lowered the rate after every burst of two waves (the window across
-            # the gap between them counted, the second wave's quick drain did not).
-            if not self._drained:
-                self._busy_s, self._whole = 0.0, True
+        # The rest of a stretch whose earlier part closed a window: first tokens come in
+        # batches, so its last few may drain in a millisecond, too short to measure alone. It
+        # is carried into the next window, which closes only after WINDOW_S of backlog:
+        # dropped, it lowered the rate after every burst of two waves (the window across the
+        # gap between them counted, the second wave's quick drain did not).
+        if not self._waiting and not self._whole and not self._drained:
+            self._busy_s, self._whole = 0.0, True
 
     def refused(self) -> None:
         """The valve's decision turned a request away (the target may be too low)."""
