@@ -186,6 +186,19 @@ def test_a_standing_queue_lowers_the_target() -> None:
     assert gate.target_s == pytest.approx(1.5 * STANDING_DECREASE)
 
 
+def test_a_backlog_that_empties_between_slow_first_tokens_is_not_standing() -> None:
+    """A request alone, 0.6 s to its first token; ten seconds later two more, the first of
+    them 0.6 s too: the backlog emptied in between, so the standing rule's interval ended with
+    it and no SLO's worth of standing backlog was seen; no decrease."""
+    gate = steered()
+    gate.enter("a", 100, 0.0)
+    gate.first_token("a", 0.6)
+    gate.enter("b", 100, 10.0)
+    gate.enter("c", 100, 10.0)
+    gate.first_token("b", 10.6)
+    assert gate.target_s == pytest.approx(1.5)
+
+
 def test_a_backlog_that_ran_dry_after_refusals_raises_the_target() -> None:
     """The valve turned users away and then the engine ran out of work: the target goes up by
     TARGET_STEP of the SLO; a backlog that empties without refusals leaves it."""
@@ -219,7 +232,7 @@ def test_the_target_stays_within_its_bounds() -> None:
 def test_what_the_floor_or_warmup_admitted_does_not_move_the_target() -> None:
     gate = steered()
     gate.enter("keep", 1, 0.0)
-    gate.enter("a", 5000, 0.0, floor=True)  # over the cap, admitted by the floor
+    gate.enter("a", 5000, 0.0, by_cap=False)  # over the cap, admitted by the floor
     gate.first_token("a", 1.95)
     assert gate.target_s == pytest.approx(1.5)
     gate.enter("b", 100, 2.0)

@@ -96,8 +96,9 @@ class _Ticket:
     arrived_at: float
     floor: bool = False
     """Admitted by the valve's floor although the backlog with it was over the cap."""
-    by_rule: bool = False
-    """Admitted by the valve's step rule (one scheduler step, taken at once) over the cap."""
+    by_cap: bool = False
+    """Admitted because the backlog with it fitted the valve's cap (not by the floor, the step
+    rule or as warmup): only such a request's first token moves the valve's target."""
     learn: bool = True
     """Whether its first token teaches the valve (off for warmup's first pass)."""
     future: asyncio.Future[KvReservation] | None = None
@@ -227,7 +228,7 @@ class AdmissionController:
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
         self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
-                         floor=ticket.floor or ticket.by_rule)
+                         by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()
         self._queue.append(ticket)
         self.dispatch()
@@ -258,7 +259,6 @@ class AdmissionController:
         if probe_limit is not None and len(self._running) + len(self._queue) >= probe_limit:
             raise AdmissionRejected(RefusalReason.PROBE_LIMIT, request.bucket, 0.0)
         if not by_valve:
-            ticket.by_rule = True  # warmup: its wait is not the cap's decision
             return
         valve = self.valve
         now = self.clock()
@@ -266,9 +266,9 @@ class AdmissionController:
             ticket.floor = (valve.waiting == 0
                             and request.prompt_tokens > valve.cap(now))
             self.arrivals.floor_admits += ticket.floor
+            ticket.by_cap = not ticket.floor
             return
         if self._takes_at_once(ticket) and valve.fits_step(request.prompt_tokens, now):
-            ticket.by_rule = True
             return
         raise self._refused(request.bucket, request.prompt_tokens, now)
 

@@ -116,9 +116,9 @@ class Waiting:
     arrived_at: float
     entered_at: float = 0.0
     """When it was admitted (the target it was admitted under was the one then)."""
-    floor: bool = False
-    """Admitted by the floor or the step rule, not by the cap: its wait says nothing of the
-    target."""
+    by_cap: bool = True
+    """Admitted because it fitted the cap; False for the floor, the step rule or warmup,
+    whose waits say nothing of the target."""
 
 
 class PrefillValve:
@@ -207,16 +207,16 @@ class PrefillValve:
         self._mark = now if self._waiting else None
 
     def enter(self, key: Hashable, own: int, now: float, *,
-              arrived_at: float | None = None, floor: bool = False) -> None:
+              arrived_at: float | None = None, by_cap: bool = True) -> None:
         """``key`` was admitted at ``now`` with ``own`` prompt tokens; ``arrived_at``: when it
-        reached the gateway (its wait is counted from then; None: ``now``); ``floor``: admitted
-        by the floor or the step rule, not by the cap."""
+        reached the gateway (its wait is counted from then; None: ``now``); ``by_cap``: admitted
+        because it fitted the cap (False: the floor, the step rule, warmup)."""
         if key in self._waiting:
             raise ValueError(f"{key!r} is already waiting")
         self._advance(now)
         self._waiting[key] = Waiting(ahead=self.backlog, own=max(0, own),
                                      arrived_at=now if arrived_at is None else arrived_at,
-                                     entered_at=now, floor=floor)
+                                     entered_at=now, by_cap=by_cap)
         self.backlog += max(0, own)
         self._mark = now
 
@@ -229,7 +229,7 @@ class PrefillValve:
         if not learn:
             self._busy_s, self._drained = 0.0, 0
             return
-        if not entry.floor and self.slo_s is not None:
+        if entry.by_cap and self.slo_s is not None:
             self._steer(entry, now)
         self._drained += entry.own
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
@@ -259,6 +259,8 @@ class PrefillValve:
         if wait > LATE_SHARE * slo and entry.entered_at > self._decreased_at:
             self._move(self.target_s * LATE_SHARE * slo / wait)
             self._decreased_at = now
+        if not self._waiting:
+            return  # it emptied the backlog: the standing rule's interval ended with it
         self._shortest_wait = min(self._shortest_wait, wait)
         if self._interval_start is None:
             self._interval_start = entry.entered_at
