@@ -19,6 +19,7 @@ from gateway.admission import (
     KvReservation,
     LengthBucket,
     RefusalReason,
+    ScreenPass,
     classify_bucket,
     retry_after_header,
 )
@@ -473,3 +474,55 @@ def test_the_step_rule_holds_only_for_prompts_the_engine_takes_at_once() -> None
     admitted_into_a_full_pool, fits = asyncio.run(scenario())
     assert not admitted_into_a_full_pool
     assert fits  # the valve's own rule would have: the engine could not take it
+
+
+def test_the_screen_counts_the_requests_it_let_through_until_they_are_sized() -> None:
+    """A burst is screened before any of its requests is parsed (the start gate): each one the
+    screen lets through counts at the mean admitted prompt until it is sized, so the screen
+    refuses the rest of a burst at once. Counted at nothing (the code before), the screen let
+    every one of them through to be parsed and refused one by one."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[list[bool], float, AdmissionRejected]:
+        admission = controller(blocks=10_000, slo_s=2.0, rate=1000.0, clock=clock)
+        # teaches the mean admitted prompt (200 tokens); its first token empties the backlog
+        held = await admission.acquire(request(300), max_wait_s=1.0)
+        admission.progress(held, 1)
+        assert admission.prompt_mean == 200 and admission.valve.backlog == 0
+        # cap: 1.4 s × 1,000 tokens a second; the floor, then 6 more of 200 fit (1,400)
+        passes = []
+        for _ in range(10):
+            decided = admission.screen(20)
+            passes.append(decided)
+        let_through = [isinstance(decided, ScreenPass) for decided in passes]
+        pending = admission.pending_tokens
+        first = passes[0]
+        assert isinstance(first, ScreenPass)
+        first.release()
+        first.release()  # once only
+        after = admission.pending_tokens
+        refused = passes[-1]
+        assert isinstance(refused, AdmissionRejected)
+        return let_through, pending - after, refused
+
+    let_through, released, refused = asyncio.run(scenario())
+    assert let_through == [True] * 7 + [False] * 3
+    assert released == 200
+    assert refused.reason is RefusalReason.TTFT_SLO and refused.bucket is None
+    assert refused.backlog_tokens == 1400  # the 7 let through, counted at 200 each
+
+
+def test_a_screened_request_is_sized_by_its_own_prompt() -> None:
+    """The estimate only decides the screen: once its turn comes, a request let through is
+    decided on its own prompt, which replaces the estimate in the backlog."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[int, float]:
+        admission = controller(blocks=10_000, slo_s=2.0, rate=1000.0, clock=clock)
+        decided = admission.screen(20)
+        assert isinstance(decided, ScreenPass) and decided.tokens == 20  # no mean yet
+        decided.release()
+        await admission.acquire(request(600), max_wait_s=1.0)
+        return admission.valve.backlog, admission.pending_tokens
+
+    assert asyncio.run(scenario()) == (500, 0.0)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from gateway.api.edge import StartGate
 from gateway.app import GatewayRuntime
 from tests.containers.llm.test_cold_start import running, short_chat
 from tests.containers.llm.test_telemetry import assert_valid_emf
@@ -55,7 +56,7 @@ def test_a_full_valve_refuses_a_chat_request_before_parsing_it(make_runtime: Any
         assert int(response.headers["retry-after"]) >= 1
         error = response.json()["error"]
         assert error["code"] == "ttft_slo"
-        assert "so any request would miss it" in error["message"]
+        assert "so a request of the usual size would miss it" in error["message"]
     assert session.status_code == 200  # a session request is not a chat request
     shed = rejections(lines, since)
     assert len(shed) == 3
@@ -124,3 +125,69 @@ def test_while_the_engine_is_rebuilt_a_request_gets_a_503_at_once(make_runtime: 
     assert 28 <= int(refused.headers["retry-after"]) <= 30
     assert elapsed < 0.25
     assert session.status_code == 200
+
+
+def test_the_start_gate_lets_one_start_through_per_loop_iteration() -> None:
+    """Three requests screened in the same iteration start in arrival order, one per iteration
+    of the event loop, and what the loop had ready in between (the next arrivals' screens) runs
+    before the next start; a request that goes away while it waits does not hold the rest."""
+
+    async def scenario() -> list[str]:
+        gate = StartGate()
+        order: list[str] = []
+
+        async def start(name: str) -> None:
+            await gate.turn()
+            order.append(name)
+
+        async def screen(name: str) -> None:
+            order.append(name)
+
+        starts = [asyncio.create_task(start(name)) for name in ("a", "b", "gone", "c")]
+        await asyncio.sleep(0)  # their first steps: a starts, the others wait for a turn
+        assert order == ["a"] and gate.waiting == 3
+        starts[2].cancel()
+        screens = [asyncio.create_task(screen(name)) for name in ("x", "y")]
+        await asyncio.gather(*starts[:2], starts[3], *screens)
+        return order
+
+    assert asyncio.run(scenario()) == ["a", "x", "y", "b", "c"]
+
+
+def test_a_burst_is_screened_before_its_admitted_requests_start(make_runtime: Any) -> None:
+    """Thirty chat requests at once, the valve's cap a few requests: every one is screened (and
+    the rest refused, before parsing) before the second admitted one starts. Before the start
+    gate each admitted request was parsed, rendered and tokenized before the next arrival was
+    screened, so the refusals waited for all of the admitted starts."""
+    runtime, _ = make_runtime(**FAST)
+    admission = runtime.admission
+    order: list[str] = []
+    screen, acquire = admission.screen, admission.acquire
+
+    def screened(smallest: int) -> Any:
+        decided = screen(smallest)
+        order.append("screen")
+        return decided
+
+    async def acquired(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("by_valve", True):
+            return await acquire(*args, **kwargs)
+        order.append("start")
+        return await acquire(*args, **kwargs)
+
+    async def scenario() -> list[httpx.Response]:
+        async with running(runtime) as client:
+            valve = admission.valve
+            valve.reset(500.0 / valve.target_s)  # a cap of 500 prompt tokens
+            valve.step_tokens = 0  # and no batch the engine takes in one step
+            admission.prompt_mean = 100.0
+            admission.screen, admission.acquire = screened, acquired  # type: ignore[method-assign]
+            return list(await asyncio.gather(*(client.post("/invocations", json=short_chat(i))
+                                               for i in range(30))))
+
+    responses = asyncio.run(scenario())
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 20, (statuses, order)
+    assert order.count("screen") == 30
+    second_start = [index for index, what in enumerate(order) if what == "start"][1]
+    assert order[:second_start].count("screen") == 30, order

@@ -15,6 +15,7 @@ from gateway.admission.controller import (
     AdmissionRejected,
     AdmissionRequest,
     ArrivalCounts,
+    ScreenPass,
     retry_after_header,
 )
 from gateway.admission.ledger import (
@@ -28,4 +29,4 @@ from gateway.admission.valve import PrefillValve
 
 __all__ = ["AdmissionController", "AdmissionLedger", "AdmissionRejected", "AdmissionRequest",
            "ArrivalCounts", "KvReservation", "LengthBucket", "PrefillValve", "RefusalReason",
-           "classify_bucket", "retry_after_header"]
+           "ScreenPass", "classify_bucket", "retry_after_header"]

@@ -40,6 +40,8 @@ from gpu_budget.lengths import blocks_for_tokens
 PRIOR_DRAIN_TOKENS_PER_S = 2000.0
 """The drain rate the valve starts from before any first token (warmup measures the real one
 before /ping turns healthy)."""
+PROMPT_MEAN_WEIGHT = 0.1
+"""How far each admitted prompt moves the mean the screen counts a screened request at."""
 NEARLY_IDLE_SHARE = 0.1
 """At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
 refusal then means the valve's rate, not the load, turned the user away."""
@@ -114,6 +116,25 @@ class _Ticket:
                                  + self.request.sequences, block_size)
 
 
+@dataclass(eq=False)
+class ScreenPass:
+    """A chat request the screen let through, counted in the valve's backlog at ``tokens`` (the
+    mean admitted prompt) until it is sized: :meth:`release` once its own prompt is about to be
+    decided (:meth:`AdmissionController.acquire`), or it ended before that."""
+
+    tokens: float
+    controller: AdmissionController
+    released: bool = False
+
+    def release(self) -> None:
+        """No longer counted (idempotent)."""
+        if not self.released:
+            self.released = True
+            self.controller.pending_tokens -= self.tokens
+            if self.controller.pending_tokens < 1e-6:
+                self.controller.pending_tokens = 0.0
+
+
 @dataclass
 class ArrivalCounts:
     """What admission decided on arrival (the /ping body's ``admission`` block and the gauge
@@ -149,6 +170,12 @@ class AdmissionController:
         self.arrivals = ArrivalCounts()
         self.learning = True
         """Whether first tokens teach the valve and answers the lengths."""
+        self.pending_tokens = 0.0
+        """Prompt tokens, estimated, of the requests the screen let through that are not sized
+        yet (:class:`ScreenPass`)."""
+        self.prompt_mean: float | None = None
+        """The mean prompt of the requests the valve admitted (tokens; None before the first):
+        what a screened request counts as until it is sized."""
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
@@ -180,19 +207,34 @@ class AdmissionController:
         self.valve.reset(self.prior_rate)
 
     # --- arrival ---
-    def screen(self, smallest_prompt_tokens: int) -> AdmissionRejected | None:
-        """The valve's decision before a request is parsed: the refusal when not even the
-        smallest prompt the gateway can send (``smallest_prompt_tokens``) would fit now, else
-        None (the request is read and decided on its own prompt). The valve refuses no larger
-        prompt it would admit this one with, so a request refused here would be refused after
-        parsing too — without the parsing, rendering and tokenizing that, under a burst, keep
-        the event loop from the requests it admits (docs/design-decisions.md#surge-admission)."""
+    def screen(self, smallest_prompt_tokens: int) -> AdmissionRejected | ScreenPass:
+        """The valve's decision before a request is parsed. Not yet sized, a request counts as
+        :meth:`estimate` (the mean prompt the valve admitted, at least
+        ``smallest_prompt_tokens``, the smallest the gateway can send): refused when that would
+        not fit beside the backlog and the requests screened in before it that are not sized
+        yet; else a :class:`ScreenPass` that counts it among those until it is sized (read and
+        decided on its own prompt by :meth:`acquire`; docs/design-decisions.md#surge-admission).
+
+        Parsing, rendering and tokenizing are the expensive part of a request, and a burst's
+        arrivals are screened before any of them is parsed (:class:`gateway.api.edge.StartGate`):
+        counted at nothing, the requests screened in before would leave the backlog empty and
+        the screen would refuse no one; counted at the smallest prompt, it let through requests
+        that were then refused after waiting for the others' starts."""
         now = self.clock()
         valve = self.valve
-        if valve.admits(smallest_prompt_tokens, now) or (
-                not self._queue and valve.fits_step(smallest_prompt_tokens, now)):
-            return None
-        return self._refused(None, smallest_prompt_tokens, now)
+        pending = self.pending_tokens
+        estimate = self.estimate(smallest_prompt_tokens)
+        if ((not valve.waiting and pending <= 0)  # the floor
+                or valve.backlog + pending + estimate <= valve.cap(now)
+                or (not self._queue and valve.fits_step(round(pending + estimate), now))):
+            self.pending_tokens += estimate
+            return ScreenPass(estimate, self)
+        return self._refused(None, round(estimate), now)
+
+    def estimate(self, smallest_prompt_tokens: int) -> float:
+        """What a request not yet sized counts as: the mean admitted prompt, at least the
+        smallest the gateway can send."""
+        return max(float(smallest_prompt_tokens), self.prompt_mean or 0.0)
 
     def _refused(self, bucket: LengthBucket | None, own: int, now: float
                  ) -> AdmissionRejected:
@@ -203,9 +245,11 @@ class AdmissionController:
         if while_idle:
             arrivals.refused_while_idle += 1
             arrivals.last_refused_while_idle_at = now
+        pending = round(self.pending_tokens)
         return AdmissionRejected(
-            RefusalReason.TTFT_SLO, bucket, 0.0, retry_after_s=self.valve.drain_s(own, now),
-            backlog_tokens=self.valve.backlog, cap_tokens=self.valve.cap(now),
+            RefusalReason.TTFT_SLO, bucket, 0.0,
+            retry_after_s=self.valve.drain_s(own + pending, now),
+            backlog_tokens=self.valve.backlog + pending, cap_tokens=self.valve.cap(now),
             while_idle=while_idle)
 
     def _ticket(self, request: AdmissionRequest, now: float) -> _Ticket:
@@ -227,6 +271,10 @@ class AdmissionController:
         now = self.clock()
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
         self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
+        if by_valve:
+            mean = self.prompt_mean
+            self.prompt_mean = (float(request.prompt_tokens) if mean is None else
+                                mean + PROMPT_MEAN_WEIGHT * (request.prompt_tokens - mean))
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
                          by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -174,12 +175,70 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
 
-Screen = Callable[[Scope, bytes], Response | None]
-"""Looks at a request whose body was read but not parsed: the answer to send at once, or None."""
+class Pass(Protocol):
+    """A request the screen let through, counted by it until :meth:`release`."""
+
+    def release(self) -> None:
+        """It is about to be sized (or it ended): no longer counted."""
+
+
+Screen = Callable[[Scope, bytes], Response | Pass | None]
+"""Looks at a request whose body was read but not parsed: the answer to send at once; a
+:class:`Pass` (the request waits for its turn to start, :class:`StartGate`); or None (the app
+reads it at once)."""
+
+
+class StartGate:
+    """Lets the screened requests start — be parsed, validated, rendered and tokenized — one per
+    event-loop iteration, in arrival order.
+
+    A request's start is a few milliseconds of work that never yields the loop, and the loop
+    runs every callback that is ready in turn: a burst's first arrivals, started together, held
+    the later ones' screens behind all of their starts (the refusals of a burst of 152 waited
+    72 / 124 ms p50 / p99 at the client, 0.6 ms of it in the gateway). Let through one at a
+    time, each next one only in the loop's next iteration, a start waits for at most one other,
+    and the arrivals and screens of that iteration run between them.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._taken = False  # a start was let through in this iteration
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn."""
+        return len(self._waiting)
+
+    async def turn(self) -> None:
+        """Return when it is this request's turn to start."""
+        loop = asyncio.get_running_loop()
+        if not self._taken and not self._waiting:
+            self._taken = True
+            loop.call_soon(self._next)
+            return
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiting.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(future)
+            raise
+
+    def _next(self) -> None:
+        """The loop's next iteration: the next waiting request's turn, or the gate opens."""
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+                asyncio.get_running_loop().call_soon(self._next)
+                return
+        self._taken = False
 
 
 class ArrivalScreen:
-    """Answers a request before the app parses it when ``screen`` says so.
+    """Answers a request before the app parses it when ``screen`` says so, and lets the ones it
+    passes start one at a time (:class:`StartGate`).
 
     Sits inside :class:`BodyLimitMiddleware`, which has read the whole body (the client is not
     cut off mid-send) and left it in the scope: parsing, validating, rendering and tokenizing
@@ -191,14 +250,20 @@ class ArrivalScreen:
     def __init__(self, app: ASGIApp, *, screen: Screen) -> None:
         self.app = app
         self.screen = screen
+        self.gate = StartGate()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = scope.get(BODY_SCOPE_KEY) if scope["type"] == "http" else None
-        response = self.screen(scope, body) if isinstance(body, bytes) else None
-        if response is None:
-            await self.app(scope, receive, send)
+        decided = self.screen(scope, body) if isinstance(body, bytes) else None
+        if isinstance(decided, Response):
+            await decided(scope, receive, send)
             return
-        await response(scope, receive, send)
+        if decided is not None:
+            try:
+                await self.gate.turn()
+            finally:
+                decided.release()
+        await self.app(scope, receive, send)
 
 
 def _declared_size(value: bytes | None) -> int | None:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Scope
 
 import metrics_contract as mc
+from gateway.admission import ScreenPass
 from gateway.api.chat_run import ChatRun
 from gateway.api.edge import ARRIVED_SCOPE_KEY
 from gateway.api.errors import ApiError
@@ -175,19 +176,20 @@ class Handlers:
                                path=str(scope.get("path", "")), started=self.clock())
         return self.error_response(record, error)
 
-    def screen(self, scope: Scope, body: bytes) -> Response | None:
+    def screen(self, scope: Scope, body: bytes) -> Response | ScreenPass | None:
         """A chat request's answer before it is parsed, if it gets one
-        (:meth:`ChatService.screen`), logged as the request's one line; None for anything else
-        (sessions, other paths), which the app reads as usual. The request line is built only
-        for a request answered here."""
+        (:meth:`ChatService.screen`), logged as the request's one line; the valve's pass for a
+        chat request it lets through (it starts in its turn, :class:`~gateway.api.edge.
+        StartGate`); None for anything else (sessions, other paths, warmup), which the app reads
+        at once. The request line is built only for a request answered here."""
         if scope["path"] not in CHAT_PATHS or b'"messages"' not in body:
             return None
         token = self.lifecycle.warmup_token.encode("latin-1")
         warmup = any(name == WARMUP_HEADER_BYTES and value == token
                      for name, value in scope.get("headers") or ())
         screened = self.service.screen(warmup=warmup)
-        if screened is None:
-            return None
+        if screened is None or isinstance(screened, ScreenPass):
+            return screened
         error, while_idle = screened
         record = RequestRecord(request_id=f"chatcmpl-{uuid.uuid4().hex}", path=scope["path"],
                                started=scope.get(ARRIVED_SCOPE_KEY, self.clock()),

@@ -24,6 +24,7 @@ from gateway.admission import (
     KvReservation,
     LengthBucket,
     RefusalReason,
+    ScreenPass,
     classify_bucket,
     retry_after_header,
 )
@@ -382,13 +383,14 @@ class ChatService:
         )
 
     # --- admit ---
-    def screen(self, *, warmup: bool) -> tuple[ApiError, bool] | None:
+    def screen(self, *, warmup: bool) -> tuple[ApiError, bool] | ScreenPass | None:
         """The answer a chat request gets before it is parsed, if any, and whether it was
         refused while the engine was nearly idle: the valve's 429 when not even the smallest
-        prompt would start within the SLO now (the request would be refused after parsing too;
-        :meth:`AdmissionController.screen`); while the engine is rebuilt (or the rebuilt one
-        warms up), the 503 of :meth:`engine_unavailable`. None: read it and decide on its own
-        prompt. Warmup requests go the whole way."""
+        prompt would start within the SLO beside what waits and what was screened in before it
+        (:meth:`AdmissionController.screen`); while the engine is rebuilt (or the rebuilt one
+        warms up), the 503 of :meth:`engine_unavailable`. Else it is read and decided on its
+        own prompt: the valve's :class:`ScreenPass` (counted until it is sized), or None when
+        no engine serves yet. Warmup requests go the whole way, None."""
         if warmup:
             return None
         phase = self.supervisor.phase
@@ -396,10 +398,10 @@ class ChatService:
             return self.engine_unavailable(), False
         if phase is not EnginePhase.READY:
             return None
-        rejected = self.admission.screen(self.smallest_prompt_tokens)
-        if rejected is None:
-            return None
-        return self._refusal(rejected), rejected.while_idle
+        decided = self.admission.screen(self.smallest_prompt_tokens)
+        if isinstance(decided, ScreenPass):
+            return decided
+        return self._refusal(decided), decided.while_idle
 
     def engine_unavailable(self) -> ApiError:
         """The 503 of a request that arrives while no engine serves (starting, rebuilding after
@@ -591,7 +593,7 @@ class ChatService:
 def ttft_refusal(rejected: AdmissionRejected, slo_s: float, retry_after: str) -> ApiError:
     """The 429 of a request the prefill valve refused (on arrival, before or after it was
     parsed)."""
-    what = ("any request" if rejected.bucket is None
+    what = ("a request of the usual size" if rejected.bucket is None
             else f"a {rejected.bucket.value} request")
     return ApiError(
         429, f"the gateway is at capacity: {rejected.backlog_tokens} prompt tokens are waiting "
