@@ -526,3 +526,46 @@ def test_a_screened_request_is_sized_by_its_own_prompt() -> None:
         return admission.valve.backlog, admission.pending_tokens
 
     assert asyncio.run(scenario()) == (500, 0.0)
+
+
+def test_a_sized_request_is_refused_beside_the_backlog_only() -> None:
+    """The requests screened in after a request arrived after it: its refusal (on its own
+    prompt, once sized) reports the backlog it was decided beside, and its Retry-After that
+    backlog's drain, not the screened-in tokens (those only decide the screen)."""
+    clock = FakeClock()
+
+    async def scenario() -> AdmissionRejected:
+        admission = controller(blocks=10_000, slo_s=2.0, rate=1000.0, clock=clock)
+        await admission.acquire(request(700), max_wait_s=1.0)  # 600 waiting; mean 600
+        later = admission.screen(20)
+        assert isinstance(later, ScreenPass) and admission.pending_tokens == 600
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire(request(1000), max_wait_s=1.0)  # 900 more: over 1,400
+        return caught.value
+
+    refused = asyncio.run(scenario())
+    assert refused.backlog_tokens == 600
+    assert refused.retry_after_s == pytest.approx((600 + 900) / 1000 - TARGET_SHARE * 2.0)
+
+
+def test_one_long_prompt_moves_the_screens_estimate_by_half_not_tenfold() -> None:
+    """The estimate is a geometric mean: one 20,000-token prompt among 200-token ones moves it
+    by 100 ** 0.1 (58 %), and twenty more short ones bring it back within 10 %. (An arithmetic
+    mean moved it from 200 to 2,180, above a cap of 1,400: the screen then let one request of a
+    burst through instead of seven.)"""
+
+    async def scenario() -> list[float]:
+        admission = controller(blocks=100_000, slo_s=30.0, rate=1e6, max_running=256)
+        means = []
+        for prompt in [200, 20_000] + [200] * 20:
+            held = await admission.acquire(request(prompt + 100), max_wait_s=1.0)
+            admission.progress(held, 1)
+            admission.release(held, completion_tokens=1)
+            assert admission.prompt_mean is not None
+            means.append(admission.prompt_mean)
+        return means
+
+    means = asyncio.run(scenario())
+    assert means[0] == 200
+    assert means[1] == pytest.approx(200 * 100 ** 0.1)
+    assert means[-1] < 220

@@ -154,6 +154,50 @@ def test_the_start_gate_lets_one_start_through_per_loop_iteration() -> None:
     assert asyncio.run(scenario()) == ["a", "x", "y", "b", "c"]
 
 
+def test_no_two_requests_start_in_one_loop_iteration() -> None:
+    """A ticker counts the loop's iterations. Four requests let through in one iteration start
+    in an iteration each; one more arrives (its first step) in the iteration the last of them
+    starts in, after the gate's own callback there: it waits for an iteration of its own (a
+    gate reopened in that iteration let it start beside the last one)."""
+
+    async def scenario() -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        gate = StartGate()
+        iteration = 0
+        started: dict[str, int] = {}
+        tasks: list[asyncio.Task[None]] = []
+
+        def tick() -> None:
+            nonlocal iteration
+            iteration += 1
+            if len(started) < 5:
+                loop.call_soon(tick)
+
+        def watch() -> None:
+            """Runs after the gate's callback in every iteration (scheduled after it first):
+            once the last waiting request has been let through, a new arrival."""
+            if "c" in started and not gate.waiting:
+                tasks.append(asyncio.create_task(start("late")))
+            else:
+                loop.call_soon(watch)
+
+        async def start(name: str) -> None:
+            await gate.turn()
+            started[name] = iteration
+            if name == "a":
+                loop.call_soon(watch)
+
+        tick()
+        tasks.extend(asyncio.create_task(start(name)) for name in "abcd")
+        while len(tasks) < 5 or not all(task.done() for task in tasks):
+            await asyncio.sleep(0)
+        return started
+
+    started = asyncio.run(scenario())
+    assert sorted(started, key=started.__getitem__) == ["a", "b", "c", "d", "late"]
+    assert len(set(started.values())) == 5, started
+
+
 def test_a_burst_is_screened_before_its_admitted_requests_start(make_runtime: Any) -> None:
     """Thirty chat requests at once, the valve's cap a few requests: every one is screened (and
     the rest refused, before parsing) before the second admitted one starts. Before the start
@@ -191,3 +235,11 @@ def test_a_burst_is_screened_before_its_admitted_requests_start(make_runtime: An
     assert order.count("screen") == 30
     second_start = [index for index, what in enumerate(order) if what == "start"][1]
     assert order[:second_start].count("screen") == 30, order
+    # every refusal was the screen's (decided beside the screened-in requests, before parsing),
+    # none of them counted as a refusal while idle (the engine had the burst's first ones)
+    for response in responses:
+        if response.status_code == 429:
+            assert "a request of the usual size would miss it" in response.json()["error"][
+                "message"]
+    assert admission.arrivals.refused_while_idle == 0
+    assert admission.pending_tokens == 0

@@ -41,7 +41,9 @@ PRIOR_DRAIN_TOKENS_PER_S = 2000.0
 """The drain rate the valve starts from before any first token (warmup measures the real one
 before /ping turns healthy)."""
 PROMPT_MEAN_WEIGHT = 0.1
-"""How far each admitted prompt moves the mean the screen counts a screened request at."""
+"""How far each admitted prompt moves the log of the mean the screen counts a screened request
+at (a geometric mean: one 20,000-token prompt among 200-token ones moves it by 58 %, where an
+arithmetic mean moved it tenfold)."""
 NEARLY_IDLE_SHARE = 0.1
 """At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
 refusal then means the valve's rate, not the load, turned the user away."""
@@ -119,8 +121,11 @@ class _Ticket:
 @dataclass(eq=False)
 class ScreenPass:
     """A chat request the screen let through, counted in the valve's backlog at ``tokens`` (the
-    mean admitted prompt) until it is sized: :meth:`release` once its own prompt is about to be
-    decided (:meth:`AdmissionController.acquire`), or it ended before that."""
+    estimate when it was screened) until it is sized. The arrival screen calls :meth:`release`
+    at the request's turn to start (``gateway.api.edge.StartGate``), or when it went away before
+    that; nothing between that turn and :meth:`AdmissionController.acquire`, which enters its
+    own prompt into the valve, yields the event loop (parsing, routing and the context window
+    are synchronous), so no screen ever sees the request counted twice or not at all."""
 
     tokens: float
     controller: AdmissionController
@@ -174,8 +179,9 @@ class AdmissionController:
         """Prompt tokens, estimated, of the requests the screen let through that are not sized
         yet (:class:`ScreenPass`)."""
         self.prompt_mean: float | None = None
-        """The mean prompt of the requests the valve admitted (tokens; None before the first):
-        what a screened request counts as until it is sized."""
+        """The running geometric mean of the prompts the valve admitted (tokens, each moving its
+        log by :data:`PROMPT_MEAN_WEIGHT`; None before the first): what a screened request
+        counts as until it is sized."""
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
@@ -192,8 +198,10 @@ class AdmissionController:
         return self._running_sequences
 
     def nearly_idle(self) -> bool:
-        """Nothing queued and at most :data:`NEARLY_IDLE_SHARE` of ``max_running`` running."""
-        return (not self._queue and self._running_sequences
+        """Nothing queued or screened in (requests the screen let through that are not sized
+        yet: a burst's first arrivals, about to start), and at most
+        :data:`NEARLY_IDLE_SHARE` of ``max_running`` running."""
+        return (not self._queue and self.pending_tokens <= 0 and self._running_sequences
                 <= max(1, math.floor(NEARLY_IDLE_SHARE * self.max_running)))
 
     def idle_first_token_s(self, prompt_tokens: int) -> float:
@@ -209,7 +217,7 @@ class AdmissionController:
     # --- arrival ---
     def screen(self, smallest_prompt_tokens: int) -> AdmissionRejected | ScreenPass:
         """The valve's decision before a request is parsed. Not yet sized, a request counts as
-        :meth:`estimate` (the mean prompt the valve admitted, at least
+        :meth:`estimate` (the running geometric mean of the prompts the valve admitted, at least
         ``smallest_prompt_tokens``, the smallest the gateway can send): refused when that would
         not fit beside the backlog and the requests screened in before it that are not sized
         yet; else a :class:`ScreenPass` that counts it among those until it is sized (read and
@@ -229,15 +237,18 @@ class AdmissionController:
                 or (not self._queue and valve.fits_step(round(pending + estimate), now))):
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
-        return self._refused(None, round(estimate), now)
+        return self._refused(None, round(estimate), now, pending=round(pending))
 
     def estimate(self, smallest_prompt_tokens: int) -> float:
-        """What a request not yet sized counts as: the mean admitted prompt, at least the
-        smallest the gateway can send."""
+        """What a request not yet sized counts as: :attr:`prompt_mean`, at least the smallest
+        prompt the gateway can send."""
         return max(float(smallest_prompt_tokens), self.prompt_mean or 0.0)
 
-    def _refused(self, bucket: LengthBucket | None, own: int, now: float
+    def _refused(self, bucket: LengthBucket | None, own: int, now: float, *, pending: int = 0
                  ) -> AdmissionRejected:
+        """The valve's refusal of ``own`` prompt tokens; ``pending``: the screened-in tokens it
+        was decided beside (the screen's; a sized request is decided without them, as they
+        arrived after it)."""
         arrivals = self.arrivals
         while_idle = self.nearly_idle()
         arrivals.refused_by_valve += 1
@@ -245,7 +256,6 @@ class AdmissionController:
         if while_idle:
             arrivals.refused_while_idle += 1
             arrivals.last_refused_while_idle_at = now
-        pending = round(self.pending_tokens)
         return AdmissionRejected(
             RefusalReason.TTFT_SLO, bucket, 0.0,
             retry_after_s=self.valve.drain_s(own + pending, now),
@@ -272,9 +282,10 @@ class AdmissionController:
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
         self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
         if by_valve:
+            prompt = max(1, request.prompt_tokens)
             mean = self.prompt_mean
-            self.prompt_mean = (float(request.prompt_tokens) if mean is None else
-                                mean + PROMPT_MEAN_WEIGHT * (request.prompt_tokens - mean))
+            self.prompt_mean = (float(prompt) if mean is None
+                                else mean * (prompt / mean) ** PROMPT_MEAN_WEIGHT)
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
                          by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()

@@ -196,13 +196,15 @@ class StartGate:
     runs every callback that is ready in turn: a burst's first arrivals, started together, held
     the later ones' screens behind all of their starts (the refusals of a burst of 152 waited
     72 / 124 ms p50 / p99 at the client, 0.6 ms of it in the gateway). Let through one at a
-    time, each next one only in the loop's next iteration, a start waits for at most one other,
-    and the arrivals and screens of that iteration run between them.
+    time, each next one only in a later iteration, an arrival's screen waits for at most one
+    start, and the arrivals and screens of each iteration run between the starts (a request
+    let through waits for the ones ahead of it).
     """
 
     def __init__(self) -> None:
         self._waiting: deque[asyncio.Future[None]] = deque()
-        self._taken = False  # a start was let through in this iteration
+        self._taken = False  # a start was let through in this iteration or the last
+        self._released = False  # _next let a waiting request through (it starts next iteration)
 
     @property
     def waiting(self) -> int:
@@ -226,13 +228,21 @@ class StartGate:
             raise
 
     def _next(self) -> None:
-        """The loop's next iteration: the next waiting request's turn, or the gate opens."""
+        """The loop's next iteration: the next waiting request's turn, or — after an iteration
+        in which none started — the gate opens (reopened in the iteration the last one starts
+        in, an arrival screened after it would start in the same iteration)."""
+        loop = asyncio.get_running_loop()
         while self._waiting:
             future = self._waiting.popleft()
             if not future.done():
                 future.set_result(None)
-                asyncio.get_running_loop().call_soon(self._next)
+                self._released = True
+                loop.call_soon(self._next)
                 return
+        if self._released:
+            self._released = False
+            loop.call_soon(self._next)
+            return
         self._taken = False
 
 
