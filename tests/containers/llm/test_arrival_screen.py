@@ -148,7 +148,8 @@ def test_the_start_gate_lets_one_start_through_per_loop_iteration() -> None:
         assert order == ["a"] and gate.waiting == 3
         starts[2].cancel()
         screens = [asyncio.create_task(screen(name)) for name in ("x", "y")]
-        await asyncio.gather(*starts[:2], starts[3], *screens)
+        async with asyncio.timeout(5):  # a gate that never lets one through fails, not hangs
+            await asyncio.gather(*starts[:2], starts[3], *screens)
         return order
 
     assert asyncio.run(scenario()) == ["a", "x", "y", "b", "c"]
@@ -189,8 +190,9 @@ def test_no_two_requests_start_in_one_loop_iteration() -> None:
 
         tick()
         tasks.extend(asyncio.create_task(start(name)) for name in "abcd")
-        while len(tasks) < 5 or not all(task.done() for task in tasks):
-            await asyncio.sleep(0)
+        async with asyncio.timeout(5):  # a gate that never lets one through fails, not hangs
+            while len(tasks) < 5 or not all(task.done() for task in tasks):
+                await asyncio.sleep(0)
         return started
 
     started = asyncio.run(scenario())
