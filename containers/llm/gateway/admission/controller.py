@@ -232,9 +232,8 @@ class AdmissionController:
         valve = self.valve
         pending = self.pending_tokens
         estimate = self.estimate(smallest_prompt_tokens)
-        if ((not valve.waiting and pending <= 0)  # the floor
-                or valve.backlog + pending + estimate <= valve.cap(now)
-                or (not self._queue and valve.fits_step(round(pending + estimate), now))):
+        if valve.admits(estimate, now, unsized=pending) or (
+                not self._queue and valve.fits_step(estimate, now, unsized=pending)):
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
         return self._refused(None, round(estimate), now, pending=round(pending))

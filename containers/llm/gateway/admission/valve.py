@@ -185,16 +185,21 @@ class PrefillValve:
         and what the waiting requests allow."""
         return self.target_s * max(MIN_RATE, min(self.rate, self.bound(now)))
 
-    def admits(self, own: int, now: float) -> bool:
+    def admits(self, own: float, now: float, *, unsized: float = 0.0) -> bool:
         """Whether a request with ``own`` prompt tokens may join now: nothing waits (the
-        floor), or the backlog with it fits the cap."""
-        return not self._waiting or self.backlog + own <= self.cap(now)
+        floor), or the backlog with it fits the cap. ``unsized``: prompt tokens, estimated, of
+        requests let in ahead of it that are not in the backlog yet (the arrival screen's):
+        they count in the backlog, and while there are any the floor does not apply."""
+        if not self._waiting and unsized <= 0:
+            return True
+        return self.backlog + unsized + own <= self.cap(now)
 
-    def fits_step(self, own: int, now: float) -> bool:
-        """Whether the backlog with ``own`` more tokens is one scheduler step's prompt tokens
-        at most (:attr:`step_tokens`) and no waiting request has waited long enough to bound
-        the rate (see the module docstring)."""
-        return self.backlog + own <= self.step_tokens and self.bound(now) == math.inf
+    def fits_step(self, own: float, now: float, *, unsized: float = 0.0) -> bool:
+        """Whether the backlog with ``own`` more tokens (and ``unsized``, as in :meth:`admits`)
+        is one scheduler step's prompt tokens at most (:attr:`step_tokens`) and no waiting
+        request has waited long enough to bound the rate (see the module docstring)."""
+        return (self.backlog + unsized + own <= self.step_tokens
+                and self.bound(now) == math.inf)
 
     def drain_s(self, own: int, now: float) -> float:
         """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
