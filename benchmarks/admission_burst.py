@@ -160,7 +160,11 @@ def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], ro
                 valve = result.valve_before
                 learned = (f"; valve before it: {valve.get('drain_tokens_per_s')} prompt tokens "
                            f"a second, target {valve.get('valve_target_s')} s, cap "
-                           f"{valve.get('valve_cap_tokens')} tokens"
+                           f"{valve.get('valve_cap_tokens')} tokens; prefill "
+                           f"{valve.get('prefill_tokens_per_s')} tokens a second, decode step "
+                           f"{valve.get('decode_step_ms')} ms, turnover admits "
+                           f"{valve.get('turnover_admits')}, turnover refusals "
+                           f"{valve.get('turnover_refusals')}"
                            if valve else "")
                 print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
                       f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "

@@ -357,6 +357,11 @@ class GatewayLifecycle:
             "refused_by_valve": arrivals.refused_by_valve,
             "refused_while_idle": arrivals.refused_while_idle,
             "floor_admits": arrivals.floor_admits,
+            "turnover_admits": arrivals.turnover_admits,
+            "turnover_refusals": arrivals.turnover_refusals,
+            "prefill_tokens_per_s": round(admission.prefill.rate, 1),
+            "decode_step_ms": (None if admission.decode.step_s is None
+                               else round(admission.decode.step_s * 1000, 2)),
         }
 
     # --- /ping ---

@@ -62,6 +62,8 @@ class RequestRecord:
     dropped_turns: int = 0
     rag_chunks_dropped: int = 0
     queue_wait_s: float | None = None
+    screened_tokens: float | None = None
+    """The prompt tokens the arrival screen counted it at (None: not screened)."""
     admitted_by: str | None = None
     """``floor``: admitted by the prefill valve's floor (nothing else waited for a first token)
     although the backlog with it was over the cap (gateway.admission.valve)."""

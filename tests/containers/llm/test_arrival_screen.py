@@ -225,6 +225,7 @@ def test_a_burst_is_screened_before_its_admitted_requests_start(make_runtime: An
         async with running(runtime) as client:
             valve = admission.valve
             valve.reset(500.0 / valve.target_s)  # a cap of 500 prompt tokens
+            admission.prefill.reset(valve.rate)  # and the engine's prefill as slow
             valve.step_tokens = 0  # and no batch the engine takes in one step
             admission.prompt_mean = 100.0
             admission.screen, admission.acquire = screened, acquired  # type: ignore[method-assign]

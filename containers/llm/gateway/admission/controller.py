@@ -9,8 +9,12 @@ Three parts, each its own module (docs/design-decisions.md#surge-admission):
   first token, the rate the engine drains them at (measured from first tokens), and the decision
   on arrival (refused at once with a Retry-After when the backlog with the new prompt would not
   drain within the target; always admitted when nothing waits);
-* this module — the queue and the clock: it asks the valve on arrival, dispatches by the ledger,
-  tells the valve each first token and the ledger each answer's growth.
+* :mod:`gateway.admission.turnover` — when a request that must wait for KV room would have its
+  first token (the running answers' ends, replayed): what admits the next wave of a burst that
+  the valve's one rate cannot tell from the wave after it;
+* this module — the queue and the clock: it asks the valve (and, where the valve refuses, the
+  turnover) on arrival, dispatches by the ledger, tells the valve each first token and the
+  ledger each answer's growth.
 
 A request never waits to be refused; one that waits past ``max_wait_s`` (the engine slowed down
 sharply) is the exception, counted as such. While the circuit breaker is half-open, the number of
@@ -34,6 +38,12 @@ from gateway.admission.ledger import (
     RefusalReason,
 )
 from gateway.admission.lengths import OutputLengths
+from gateway.admission.turnover import (
+    Candidate,
+    DecodeStep,
+    Holder,
+    first_token_at,
+)
 from gateway.admission.valve import TARGET_SHARE, PrefillValve
 from gpu_budget.lengths import blocks_for_tokens
 
@@ -98,6 +108,8 @@ class _Ticket:
     """KV tokens it is expected to hold at its end: prompt + expected output per choice (more
     than the watermark's share of the pool: it never fits)."""
     arrived_at: float
+    expected_output: int = 1
+    """Output tokens each of its choices is expected to generate."""
     floor: bool = False
     """Admitted by the valve's floor although the backlog with it was over the cap."""
     by_cap: bool = False
@@ -111,6 +123,23 @@ class _Ticket:
     """Output tokens over all its choices."""
     held_blocks: int = 0
     """KV blocks it holds now in the ledger: its prompt and its answers so far."""
+
+    def holder(self, block_size: int) -> Holder:
+        """What the turnover's replay needs of it once dispatched."""
+        request = self.request
+        return Holder(end_blocks=max(self.held_blocks,
+                                     blocks_for_tokens(self.expected_tokens, block_size)),
+                      sequences=request.sequences,
+                      remaining=max(0, self.expected_output
+                                    - self.produced // request.sequences),
+                      prefill_tokens=request.prompt_tokens if self.first_token_at is None else 0)
+
+    def candidate(self, block_size: int) -> Candidate:
+        """What the turnover's replay needs of it while it waits for dispatch."""
+        return Candidate(blocks=blocks_for_tokens(self.tokens, block_size),
+                         end_blocks=blocks_for_tokens(self.expected_tokens, block_size),
+                         sequences=self.request.sequences,
+                         prompt_tokens=self.request.prompt_tokens, output=self.expected_output)
 
     def blocks_now(self, block_size: int) -> int:
         """The blocks its prompt, its answers so far and each choice's next token take."""
@@ -135,6 +164,7 @@ class ScreenPass:
         """No longer counted (idempotent)."""
         if not self.released:
             self.released = True
+            self.controller.pending_count -= 1
             self.controller.pending_tokens -= self.tokens
             if self.controller.pending_tokens < 1e-6:
                 self.controller.pending_tokens = 0.0
@@ -151,6 +181,12 @@ class ArrivalCounts:
     :meth:`AdmissionController.nearly_idle`): a healthy instance turning users away."""
     floor_admits: int = 0
     """Admitted by the valve's floor (nothing else waited) over the cap."""
+    turnover_admits: int = 0
+    """Admitted over the valve's cap because the turnover predicted its first token within the
+    target (the screen's decisions and the sized ones)."""
+    turnover_refusals: int = 0
+    """Refused although the valve's cap admitted them: the turnover predicted a first token
+    after the SLO."""
     last_refused_while_idle_at: float | None = None
 
 
@@ -171,10 +207,18 @@ class AdmissionController:
         self.prior_rate = prior_rate
         self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
                                   step_tokens=step_tokens, slo_s=ttft_slo_s)
+        self.prefill = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate)
+        """The engine's prefill rate: the valve's measure over *dispatched* requests only
+        (entered at dispatch, left at the first token), without their waits for KV room
+        (:mod:`gateway.admission.turnover`). It decides nothing."""
+        self.decode = DecodeStep()
+        """The engine's decode step, from the streams (:mod:`gateway.admission.turnover`)."""
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
         """Whether first tokens teach the valve and answers the lengths."""
+        self.pending_count = 0
+        """Requests the screen let through that are not sized yet."""
         self.pending_tokens = 0.0
         """Prompt tokens, estimated, of the requests the screen let through that are not sized
         yet (:class:`ScreenPass`)."""
@@ -182,6 +226,9 @@ class AdmissionController:
         """The running geometric mean of the prompts the valve admitted (tokens, each moving its
         log by :data:`PROMPT_MEAN_WEIGHT`; None before the first): what a screened request
         counts as until it is sized."""
+        self.output_mean: float | None = None
+        """The same mean of the output tokens per choice the admitted requests were expected to
+        generate: what a screened request's answer counts as in the turnover's replay."""
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
@@ -213,6 +260,8 @@ class AdmissionController:
         """The valve back to its prior rate (warmup's measuring pass starts from here; the
         answer lengths, learned from real answers only, stay)."""
         self.valve.reset(self.prior_rate)
+        self.prefill.reset(self.prior_rate)
+        self.decode.reset()
 
     # --- arrival ---
     def screen(self, smallest_prompt_tokens: int) -> AdmissionRejected | ScreenPass:
@@ -232,11 +281,60 @@ class AdmissionController:
         valve = self.valve
         pending = self.pending_tokens
         estimate = self.estimate(smallest_prompt_tokens)
-        if valve.admits(estimate, now, unsized=pending) or (
-                not self._queue and valve.fits_step(estimate, now, unsized=pending)):
+        by_valve = valve.admits(estimate, now, unsized=pending) or (
+            not self._queue and valve.fits_step(estimate, now, unsized=pending))
+        predicted = None
+        if self.output_mean is not None and (valve.waiting or pending > 0):
+            block_size = self.ledger.capacity.block_size
+            unsized = Candidate(blocks=blocks_for_tokens(round(estimate) + 1, block_size),
+                                end_blocks=blocks_for_tokens(
+                                    round(estimate + self.output_mean), block_size),
+                                sequences=1, prompt_tokens=round(estimate),
+                                output=round(self.output_mean))
+            predicted = self._predicted_wait([unsized] * (self.pending_count + 1), now, now)
+        if self._turnover_decides(by_valve, predicted):
+            self.pending_count += 1
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
         return self._refused(None, round(estimate), now, pending=round(pending))
+
+    def _turnover_decides(self, by_valve: bool, predicted: float | None) -> bool:
+        """The decision, given the valve's (``by_valve``: admitted by its cap or its step rule)
+        and the turnover's prediction of the wait (None: none yet, and the valve decides): a
+        request predicted to have its first token after the SLO is refused whatever the cap
+        says, and one predicted within the valve's target is admitted over the cap
+        (:mod:`gateway.admission.turnover`). Where the two differ it is counted in
+        :attr:`arrivals`."""
+        if predicted is None:
+            return by_valve
+        if predicted > self.ttft_slo_s:
+            self.arrivals.turnover_refusals += by_valve
+            return False
+        if by_valve:
+            return True
+        if predicted <= self.valve.target_s:
+            self.arrivals.turnover_admits += 1
+            return True
+        return False
+
+    def _predicted_wait(self, waiting: list[Candidate], now: float, arrived_at: float
+                        ) -> float | None:
+        """Seconds from ``arrived_at`` until the last of ``waiting``, after the requests queued
+        for dispatch, would have its first token by the turnover's replay; None before the
+        engine's decode step is known (and before an engine reported its pool)."""
+        ledger = self.ledger
+        block_size = ledger.capacity.block_size
+        running = [ticket.holder(block_size) for ticket in self._running.values()]
+        decoding = any(ticket.first_token_at is not None for ticket in self._running.values())
+        step = self.decode.now_s(now, decoding=decoding)
+        if step is None or not ledger.pool_blocks:
+            return None
+        queued = [ticket.candidate(block_size) for ticket in self._queue
+                  if ticket.future is None or not ticket.future.done()]
+        predicted = first_token_at(now, running=running, queued=queued + waiting,
+                                   pool_blocks=ledger.pool_blocks, max_running=self.max_running,
+                                   step_s=step, prefill_rate=self.prefill.rate_now(now))
+        return predicted - arrived_at
 
     def estimate(self, smallest_prompt_tokens: int) -> float:
         """What a request not yet sized counts as: :attr:`prompt_mean`, at least the smallest
@@ -266,25 +364,31 @@ class AdmissionController:
         return _Ticket(id=next(self._ids), request=request,
                        tokens=request.prompt_tokens + request.sequences,
                        expected_tokens=request.prompt_tokens + request.sequences * expected,
-                       arrived_at=now, learn=self.learning)
+                       arrived_at=now, expected_output=expected, learn=self.learning)
 
     async def acquire(self, request: AdmissionRequest, *, max_wait_s: float,
                       max_total_inflight: Callable[[], int | None] = lambda: None,
-                      by_valve: bool = True, arrived_at: float | None = None) -> KvReservation:
+                      by_valve: bool = True, arrived_at: float | None = None,
+                      screened_tokens: float | None = None) -> KvReservation:
         """Refuse at once (AdmissionRejected) or queue and return the reservation once
         dispatched; AdmissionRejected(QUEUE_TIMEOUT) after ``max_wait_s`` in the queue.
         ``by_valve=False`` (warmup): never refused by the valve — warmup is what measures the
         rate it decides by — though still counted in its backlog. ``arrived_at``: when the
         request reached the gateway (before it was read and parsed), so that its first token
-        teaches the valve the whole wait a caller sees; None: now."""
+        teaches the valve the whole wait a caller sees; None: now. ``screened_tokens``: what
+        the arrival screen counted it at when it let it through (:meth:`screen`): the screen's
+        decision stands for a prompt no bigger (a request let through is not refused after
+        waiting its turn to start because the decision was taken again a few milliseconds
+        later), and a bigger one is decided again on its own prompt."""
         now = self.clock()
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
-        self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve)
+        screened = screened_tokens is not None and request.prompt_tokens <= screened_tokens
+        self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve and not screened)
+        if screened:  # the screen's decision, on the target: its first token steers it
+            ticket.by_cap = True
         if by_valve:
-            prompt = max(1, request.prompt_tokens)
-            mean = self.prompt_mean
-            self.prompt_mean = (float(prompt) if mean is None
-                                else mean * (prompt / mean) ** PROMPT_MEAN_WEIGHT)
+            self.prompt_mean = _geometric_step(self.prompt_mean, max(1, request.prompt_tokens))
+            self.output_mean = _geometric_step(self.output_mean, ticket.expected_output)
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
                          by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()
@@ -320,15 +424,19 @@ class AdmissionController:
             return
         valve = self.valve
         now = self.clock()
-        if valve.admits(request.prompt_tokens, now):
-            ticket.floor = (valve.waiting == 0
-                            and request.prompt_tokens > valve.cap(now))
+        own = request.prompt_tokens
+        if valve.waiting == 0:  # the floor: nothing waits, so its first token teaches the rate
+            ticket.floor = own > valve.cap(now)
             self.arrivals.floor_admits += ticket.floor
             ticket.by_cap = not ticket.floor
             return
-        if self._takes_at_once(ticket) and valve.fits_step(request.prompt_tokens, now):
-            return
-        raise self._refused(request.bucket, request.prompt_tokens, now)
+        by_cap = valve.admits(own, now)
+        by_step = (not by_cap and self._takes_at_once(ticket) and valve.fits_step(own, now))
+        predicted = self._predicted_wait([ticket.candidate(self.ledger.capacity.block_size)],
+                                         now, ticket.arrived_at)
+        if not self._turnover_decides(by_cap or by_step, predicted):
+            raise self._refused(request.bucket, own, now)
+        ticket.by_cap = not by_step  # admitted on the target: its first token steers it
 
     def _takes_at_once(self, ticket: _Ticket) -> bool:
         """Whether the engine would take ``ticket`` now: nothing queued ahead of it, and its
@@ -366,6 +474,7 @@ class AdmissionController:
                 self.valve.leave(ticket.id, self.clock())
                 continue
             booked = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
+            self.prefill.enter(ticket.id, ticket.request.prompt_tokens, self.clock())
             reservation = KvReservation(booked.bucket, booked.tokens, booked.blocks, ticket.id,
                                         ticket.floor)
             ticket.held_blocks = reservation.blocks
@@ -398,10 +507,13 @@ class AdmissionController:
         ticket = self._running.get(reservation.ticket)
         if ticket is None or tokens <= 0:
             return
+        now = self.clock()
+        self.decode.token(now)
         if ticket.first_token_at is None:
-            ticket.first_token_at = self.clock()
-            self.valve.first_token(ticket.id, ticket.first_token_at,
-                                   learn=ticket.learn and self.learning)
+            ticket.first_token_at = now
+            learn = ticket.learn and self.learning
+            self.valve.first_token(ticket.id, now, learn=learn)
+            self.prefill.first_token(ticket.id, now, learn=learn)
         ticket.produced += tokens
         held = ticket.blocks_now(self.ledger.capacity.block_size)
         if held > ticket.held_blocks:
@@ -419,15 +531,26 @@ class AdmissionController:
         grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
         self.ledger.release(reservation, grown_blocks=grown)
         if ticket is not None:
+            now = self.clock()
             self._running_sequences -= ticket.request.sequences
             # one that ended without a first token (failed, cancelled) leaves the backlog
-            self.valve.leave(ticket.id, self.clock())
+            self.valve.leave(ticket.id, now)
+            self.prefill.leave(ticket.id, now)
+            if (ticket.first_token_at is not None and completion_tokens is not None
+                    and ticket.learn and self.learning):
+                self.decode.answer(now - ticket.first_token_at,
+                                   ticket.produced // ticket.request.sequences)
         if ticket is not None and completion_tokens is not None and ticket.produced > 0:
             sequences = ticket.request.sequences
             per_choice = math.ceil(completion_tokens / sequences)
             for _ in range(sequences):
                 self.lengths.observe(per_choice, capped=capped)
         self.dispatch()
+
+
+def _geometric_step(mean: float | None, value: float) -> float:
+    """A running geometric mean moved by :data:`PROMPT_MEAN_WEIGHT` toward ``value``."""
+    return float(value) if mean is None else mean * (value / mean) ** PROMPT_MEAN_WEIGHT
 
 
 def retry_after_header(seconds: float | None, floor_s: int) -> str:

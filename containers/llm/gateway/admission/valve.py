@@ -180,10 +180,14 @@ class PrefillValve:
                 bound = min(bound, (entry.ahead + entry.own) / age)
         return bound
 
+    def rate_now(self, now: float) -> float:
+        """The lower of the learned rate and what the waiting requests allow (tokens a
+        second)."""
+        return max(MIN_RATE, min(self.rate, self.bound(now)))
+
     def cap(self, now: float) -> float:
-        """Backlog tokens the engine drains within the target at the lower of the learned rate
-        and what the waiting requests allow."""
-        return self.target_s * max(MIN_RATE, min(self.rate, self.bound(now)))
+        """Backlog tokens the engine drains within the target at :meth:`rate_now`."""
+        return self.target_s * self.rate_now(now)
 
     def admits(self, own: float, now: float, *, unsized: float = 0.0) -> bool:
         """Whether a request with ``own`` prompt tokens may join now: nothing waits (the
@@ -203,8 +207,7 @@ class PrefillValve:
 
     def drain_s(self, own: int, now: float) -> float:
         """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
-        rate = max(MIN_RATE, min(self.rate, self.bound(now)))
-        return max(0.0, (self.backlog + own) / rate - self.target_s)
+        return max(0.0, (self.backlog + own) / self.rate_now(now) - self.target_s)
 
     def _advance(self, now: float) -> None:
         if self._mark is not None and now > self._mark:

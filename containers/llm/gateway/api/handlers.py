@@ -22,7 +22,7 @@ from starlette.types import Scope
 import metrics_contract as mc
 from gateway.admission import ScreenPass
 from gateway.api.chat_run import ChatRun
-from gateway.api.edge import ARRIVED_SCOPE_KEY
+from gateway.api.edge import ARRIVED_SCOPE_KEY, SCREENED_SCOPE_KEY
 from gateway.api.errors import ApiError
 from gateway.api.protocol import (
     ChatCompletionRequest,
@@ -91,6 +91,7 @@ class Handlers:
                                started=request.scope.get(ARRIVED_SCOPE_KEY, self.clock()),
                                stream=bool(body.stream))
         record.warmup = request.headers.get(WARMUP_HEADER) == self.lifecycle.warmup_token
+        record.screened_tokens = request.scope.get(SCREENED_SCOPE_KEY)
         session_headers = self._session_of(request, record)
         try:
             run = await self.service.start(body, record)

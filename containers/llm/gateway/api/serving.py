@@ -444,6 +444,7 @@ class ChatService:
         try:
             reservation = await self.admission.acquire(
                 request, max_wait_s=remaining, arrived_at=record.started,
+                screened_tokens=record.screened_tokens,
                 max_total_inflight=lambda: self.breaker.max_inflight(self.clock()),
                 by_valve=not record.warmup)
         except AdmissionRejected as rejected:

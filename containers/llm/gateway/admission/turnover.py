@@ -1,0 +1,167 @@
+"""KV turnover: when a request that must wait for KV room would have its first token.
+
+The prefill valve (:mod:`gateway.admission.valve`) decides by one rate: prompt tokens waiting ×
+seconds per token. A burst on an idle engine does not drain at one rate. The engine starts the
+pool's worth at once; the next wave starts only when the first one's answers end and give their
+KV blocks back, and the wave after that when the second one's do. So the wait is a step function
+of a request's place in the backlog. One rate times one target is a line through those steps:
+high enough for the second wave is high enough for the third. The windows that span the gap
+between waves also measure a low rate, so each two-wave burst lowered the cap
+(docs/design-decisions.md#surge-admission, "What a rate cannot say").
+
+This module predicts the step. It replays what the engine will do, first come, first served:
+
+* **the running requests** end when their answers do. A request with its first token ends after
+  its expected output tokens left (:class:`gateway.admission.lengths.OutputLengths`) × the
+  **decode step** (seconds per output token of one stream, measured from the streams). One still
+  in prefill has its first token after the prompt tokens ahead of it and its own, at the
+  **prefill rate**, and then decodes;
+* **the queued requests and the new one** are dispatched in order when their prompt blocks (and
+  sequences) fit beside what has not ended. Each is then prefilled after the prompts dispatched
+  before it, and its first token is the prediction.
+
+A dispatched request is counted at its expected end-state from dispatch on (it frees that much
+when it ends). This is conservative: vLLM admits a prompt beside what the running answers hold
+*now*, so the engine starts a wave at least as early as predicted.
+
+The rates are the engine's own, measured where the valve's are not mixed with KV waits:
+
+* the decode step — an answer's time from its first token to its end ÷ its tokens after the
+  first, each answer moving the log of the estimate by :data:`STEP_WEIGHT`. A stall (no token
+  on any stream for longer than the estimate) counts as the step while it lasts. Whole answers,
+  not the gaps between a stream's tokens: the gaps are a few milliseconds of decoding and now
+  and then a step that prefilled other prompts, and an answer's end is their sum (a mean of the
+  gaps in log space measured 5.5 ms where answers took 12 ms a token, and the replay admitted
+  a third wave);
+* the prefill rate — a :class:`~gateway.admission.valve.PrefillValve` fed with *dispatched*
+  requests only (entered at dispatch, left at the first token): the valve's own windows then
+  measure prompt tokens per second of prefill, without the time they waited for KV room. Its
+  bound applies too: a dispatched request without its first token for long lowers the rate
+  used.
+
+Pure module: standard library only (and the valve's measure).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STEP_WEIGHT = 0.2
+"""How far one answer's decode step moves the log of the estimate (a wave of 20 answers moves
+it most of the way)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A dispatched request, as the replay needs it."""
+
+    end_blocks: int
+    """KV blocks it is expected to hold at its end (what it frees then)."""
+    sequences: int
+    remaining: int
+    """Output tokens per choice it is still expected to generate."""
+    prefill_tokens: int = 0
+    """Prompt tokens still to prefill (0 once it had its first token)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A request waiting for dispatch (queued, or the one being decided)."""
+
+    blocks: int
+    """KV blocks it needs at dispatch (its prompt and one token per choice)."""
+    end_blocks: int
+    sequences: int
+    prompt_tokens: int
+    output: int
+    """Output tokens per choice it is expected to generate."""
+
+
+def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate],
+                   pool_blocks: int, max_running: int, step_s: float,
+                   prefill_rate: float) -> float:
+    """When the last of ``queued`` would have its first token, replaying dispatch first come,
+    first served (see the module docstring); ``inf`` when it never fits. ``running``: in the
+    order they were dispatched (their prefill is first come, first served too)."""
+    if not queued:
+        raise ValueError("queued must name at least the request being decided")
+    if not (step_s > 0 and prefill_rate > 0):
+        raise ValueError(f"step_s and prefill_rate must be > 0, got {step_s}, {prefill_rate}")
+    free_blocks = pool_blocks
+    free_sequences = max_running
+    prefill_done = now
+    ends: list[tuple[float, int, int]] = []  # (when, blocks, sequences), a heap
+    for holder in running:
+        if holder.prefill_tokens:  # its first token after the prompts ahead of it and its own
+            prefill_done += holder.prefill_tokens / prefill_rate
+            ends_at = prefill_done + max(0, holder.remaining - 1) * step_s
+        else:
+            ends_at = now + max(1, holder.remaining) * step_s
+        heapq.heappush(ends, (ends_at, holder.end_blocks, holder.sequences))
+        free_blocks -= holder.end_blocks
+        free_sequences -= holder.sequences
+    clock = now
+    first = now
+    for candidate in queued:
+        while free_blocks < candidate.blocks or free_sequences < candidate.sequences:
+            if not ends:
+                return math.inf  # more than the whole pool: it never fits
+            when, blocks, sequences = heapq.heappop(ends)
+            clock = max(clock, when)
+            free_blocks += blocks
+            free_sequences += sequences
+        prefill_done = max(prefill_done, clock) + candidate.prompt_tokens / prefill_rate
+        first = prefill_done
+        heapq.heappush(ends, (first + max(0, candidate.output - 1) * step_s,
+                              candidate.end_blocks, candidate.sequences))
+        free_blocks -= candidate.end_blocks
+        free_sequences -= candidate.sequences
+    return first
+
+
+ERRORS_KEPT = 128
+"""Prediction errors the margin is taken from (the last few bursts' admitted requests)."""
+ERRORS_MIN = 16
+"""Errors measured before the margin is theirs (before: :attr:`PredictionErrors.prior_s`)."""
+class DecodeStep:
+    """The engine's decode step as the answers show it: seconds per output token of one stream
+    (see the module docstring); None before the first answer."""
+
+    def __init__(self, *, weight: float = STEP_WEIGHT) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.weight = weight
+        self.step_s: float | None = None
+        self.last_token_at: float | None = None
+        """When any stream last had a token (a stall is measured from it)."""
+
+    def answer(self, decode_s: float, tokens: int) -> None:
+        """An answer ended ``decode_s`` after its first token, with ``tokens`` tokens (per
+        choice) in all: ``tokens - 1`` decode steps (one token alone teaches nothing)."""
+        if tokens < 2 or decode_s <= 0:
+            return
+        sample = decode_s / (tokens - 1)
+        step = self.step_s
+        self.step_s = sample if step is None else step * (sample / step) ** self.weight
+
+    def token(self, now: float) -> None:
+        """A stream had a token at ``now`` (a stall is measured from the last one)."""
+        self.last_token_at = now
+
+    def now_s(self, now: float, *, decoding: bool) -> float | None:
+        """The step to predict with at ``now``: the estimate, or the stall since the last token
+        when ``decoding`` streams have had none for longer."""
+        step = self.step_s
+        if step is None:
+            return None
+        if decoding and self.last_token_at is not None:
+            step = max(step, now - self.last_token_at)
+        return step
+
+    def reset(self) -> None:
+        """Forget the estimate (a new engine)."""
+        self.step_s = None
+        self.last_token_at = None

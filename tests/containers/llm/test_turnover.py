@@ -1,0 +1,213 @@
+"""KV turnover (gateway.admission.turnover): the replay that predicts when a request waiting for
+KV room has its first token, the decode step it predicts with, and how the controller decides
+with it beside the prefill valve (docs/design-decisions.md#surge-admission, "The turnover")."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest
+from gateway.admission.turnover import Candidate, DecodeStep, Holder, first_token_at
+from tests.containers.llm.test_admission import FakeClock, ledger, request
+
+STEP_S = 0.01
+RATE = 10_000.0
+
+
+def wave(count: int, *, prompt: int = 250, output: int = 64) -> list[Candidate]:
+    """``count`` requests of ``prompt`` tokens: 16 blocks of 16 at dispatch, 20 at the end."""
+    return [Candidate(blocks=16, end_blocks=20, sequences=1, prompt_tokens=prompt, output=output)
+            for _ in range(count)]
+
+
+def replay(queued: list[Candidate], running: list[Holder] | None = None, *, pool: int = 100,
+           max_running: int = 64) -> float:
+    return first_token_at(0.0, running=running or [], queued=queued, pool_blocks=pool,
+                          max_running=max_running, step_s=STEP_S, prefill_rate=RATE)
+
+
+def test_what_fits_is_prefilled_first_come_first_served() -> None:
+    """Five requests fit a pool of 100 blocks at their end (20 each): the last has its first
+    token after all five prompts at the prefill rate."""
+    assert replay(wave(5)) == pytest.approx(5 * 250 / RATE)
+
+
+def test_the_next_wave_starts_when_the_first_one_ends() -> None:
+    """The sixth waits for the first one's answer: its prefill (0.025 s) and 63 more tokens at
+    the decode step, then its own prefill."""
+    first_ends = 250 / RATE + 63 * STEP_S
+    assert replay(wave(6)) == pytest.approx(first_ends + 250 / RATE)
+
+
+def test_a_burst_waits_in_steps_two_waves_within_the_slo_and_not_three() -> None:
+    """The step function a rate cannot express: requests 6-10 wait for the first wave's answers
+    and have their first tokens within 0.8 s, each 25 ms after the one before; the eleventh
+    waits for the second wave's answers too, more than half a second after the tenth. A line
+    through the first two waves puts it 25 ms after the tenth."""
+    ninth, tenth, eleventh = (replay(wave(count)) for count in (9, 10, 11))
+    assert tenth < 0.8
+    assert tenth - ninth == pytest.approx(0.025)
+    assert eleventh - tenth > 0.5
+
+
+def test_running_answers_end_after_what_they_have_left() -> None:
+    """A running request with 10 tokens left frees its 20 blocks after 10 steps; one still in
+    prefill first drains its prompt, then decodes all of its output."""
+    decoding = [Holder(end_blocks=20, sequences=1, remaining=10) for _ in range(5)]
+    assert replay(wave(1), decoding) == pytest.approx(10 * STEP_S + 250 / RATE)
+    prefilling = [Holder(end_blocks=20, sequences=1, remaining=64, prefill_tokens=250)
+                  for _ in range(5)]
+    first_ends = 250 / RATE + 63 * STEP_S
+    assert replay(wave(1), prefilling) == pytest.approx(first_ends + 250 / RATE)
+
+
+def test_sequences_are_a_limit_as_blocks_are() -> None:
+    """max_running 2: the third waits for a slot though the pool has room."""
+    ends = 250 / RATE + 63 * STEP_S
+    assert replay(wave(3), pool=10_000, max_running=2) == pytest.approx(ends + 250 / RATE)
+
+
+def test_more_than_the_whole_pool_never_fits() -> None:
+    assert math.isinf(replay([Candidate(blocks=200, end_blocks=220, sequences=1,
+                                        prompt_tokens=3000, output=10)]))
+    with pytest.raises(ValueError, match="queued"):
+        replay([])
+
+
+def test_the_decode_step_is_whole_answers_and_a_stall_counts() -> None:
+    """An answer of 65 tokens that took 0.64 s after its first: 10 ms a token. No token on any
+    stream for 0.5 s while streams decode: 0.5 s is the step until one comes."""
+    step = DecodeStep()
+    assert step.now_s(0.0, decoding=True) is None
+    step.answer(0.64, 65)
+    assert step.step_s == pytest.approx(0.01)
+    step.answer(1.0, 1)  # one token: no step measured
+    assert step.step_s == pytest.approx(0.01)
+    step.token(10.0)
+    assert step.now_s(10.005, decoding=True) == pytest.approx(0.01)
+    assert step.now_s(10.5, decoding=True) == pytest.approx(0.5)
+    assert step.now_s(10.5, decoding=False) == pytest.approx(0.01)
+
+
+SHORT = AdmissionRequest(bucket=request(300).bucket, prompt_tokens=250, max_tokens=64)
+
+
+def burst_controller(clock: FakeClock) -> AdmissionController:
+    """A pool of 100 blocks of 16 (five 250-token requests at their end), an engine that
+    prefills 10,000 tokens a second and decodes a token every 15 ms, and a valve whose rate
+    (1,000 a second, measured across the gaps between waves) caps the backlog at 1,400
+    tokens: five requests."""
+    admission = AdmissionController(ledger(blocks=100), ttft_slo_s=2.0, max_running=64,
+                                    clock=clock, prior_rate=1000.0)
+    admission.prefill.reset(RATE)
+    admission.decode.answer(63 * 0.015, 64)
+    for _ in range(30):
+        admission.lengths.observe(64, capped=False)
+    return admission
+
+
+def test_the_turnover_admits_the_next_wave_over_the_valves_cap_and_refuses_the_one_after() -> None:
+    """Twenty requests at once on an idle engine: the valve's cap takes five; the turnover
+    predicts the second wave's first tokens at 1.0-1.1 s (the first wave's answers end at
+    0.97-1.07 s), within the 1.4 s target, and admits it over the cap; the third wave's would
+    come near 2 s, and it is refused."""
+    async def scenario() -> tuple[list[bool], AdmissionController]:
+        clock = FakeClock()
+        admission = burst_controller(clock)
+        outcomes: list[bool] = []
+        tasks = []
+        for _ in range(20):
+            try:
+                reservation = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
+                await asyncio.sleep(0)  # decided (and dispatched, or queued) now
+                if reservation.done() and reservation.exception() is not None:
+                    raise reservation.exception()  # type: ignore[misc]
+                tasks.append(reservation)
+                outcomes.append(True)
+            except AdmissionRejected:
+                outcomes.append(False)
+        for task in tasks:
+            task.cancel()
+        return outcomes, admission
+
+    outcomes, admission = asyncio.run(scenario())
+    assert outcomes == [True] * 10 + [False] * 10, outcomes
+    assert admission.arrivals.turnover_admits == 5  # the second wave, over the cap
+    assert admission.arrivals.refused_by_valve == 10
+
+
+def test_the_turnover_refuses_what_the_cap_admits_when_it_would_miss_the_slo() -> None:
+    """The valve's rate is too high for a burst (50,000 a second: a cap of 70,000 tokens); the
+    turnover refuses what it predicts after the 2 s SLO though the cap has room: the two
+    waves and the third wave's first two (first tokens at 1.965 and 1.99 s; the next at
+    2.015 s)."""
+    async def scenario() -> tuple[int, AdmissionController]:
+        clock = FakeClock()
+        admission = burst_controller(clock)
+        admission.valve.reset(50_000.0)
+        admitted = 0
+        tasks = []
+        for _ in range(30):
+            task = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
+            await asyncio.sleep(0)
+            if task.done() and task.exception() is not None:
+                continue
+            admitted += 1
+            tasks.append(task)
+        for task in tasks:
+            task.cancel()
+        return admitted, admission
+
+    admitted, admission = asyncio.run(scenario())
+    assert admitted == 12, admitted
+    assert admission.arrivals.turnover_refusals == 18
+
+
+def test_before_the_decode_step_is_known_the_valve_decides_alone() -> None:
+    """No answer has ended yet (a new engine before warmup): the replay has no step to predict
+    with, and the valve's cap is the decision."""
+    async def scenario() -> int:
+        clock = FakeClock()
+        admission = burst_controller(clock)
+        admission.decode.reset()
+        refused = 0
+        tasks = []
+        for _ in range(20):
+            task = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
+            await asyncio.sleep(0)
+            if task.done() and task.exception() is not None:
+                refused += 1
+                continue
+            tasks.append(task)
+        for task in tasks:
+            task.cancel()
+        return refused
+
+    assert asyncio.run(scenario()) == 15
+
+
+def test_a_screened_request_is_not_decided_again_unless_it_is_bigger() -> None:
+    """The screen let two through at an estimate of 250 tokens; by the time they are sized the
+    backlog is over the cap. The one of 250 tokens keeps the screen's decision; one of 400 is
+    decided again on its own prompt, and refused."""
+    async def scenario() -> tuple[bool, bool]:
+        clock = FakeClock()
+        admission = AdmissionController(ledger(blocks=1000), ttft_slo_s=2.0, max_running=64,
+                                        clock=clock, prior_rate=1000.0)
+        held = await admission.acquire(AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=1300,
+                                                        max_tokens=64), max_wait_s=1.0)
+        same = await admission.acquire(SHORT, max_wait_s=1.0, screened_tokens=250.0)
+        bigger = AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=400, max_tokens=64)
+        try:
+            await admission.acquire(bigger, max_wait_s=1.0, screened_tokens=250.0)
+            refused = False
+        except AdmissionRejected:
+            refused = True
+        admission.release(held)
+        admission.release(same)
+        return same is not None, refused
+
+    assert asyncio.run(scenario()) == (True, True)
