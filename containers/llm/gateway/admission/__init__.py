@@ -6,6 +6,8 @@ The parts, each readable in one sitting (docs/design-decisions.md#surge-admissio
   bucket, against the engine's real pool (vLLM's dispatch rule);
 * :mod:`~gateway.admission.valve` — the prefill valve that decides on arrival: the prompt tokens
   waiting for their first token against the target × the drain rate measured from first tokens;
+* :mod:`~gateway.admission.turnover` — when a request waiting for KV room would have its first
+  token (the running answers' ends, replayed): the step the valve's one rate cannot express;
 * :mod:`~gateway.admission.lengths` — how long answers are (one request's expected end-state);
 * :mod:`~gateway.admission.controller` — the queue and the clock that tie them together.
 """
