@@ -1,6 +1,6 @@
 """The prefill valve on the real clock: a wrong rate heals in seconds, both ways, and a correct
-one at saturation admits almost nothing that misses the SLO (docs/design-decisions.md
-#admission-lock-out).
+one at saturation admits almost nothing that misses the SLO; the KV turnover's two rates heal in
+seconds too (docs/design-decisions.md#admission-lock-out).
 
 The real :class:`AdmissionController` decides; a small engine on asyncio's real clock serves
 what it dispatches: prefills one after another at ``PREFILL_TOKENS_PER_S`` (slower by a quarter
@@ -212,3 +212,104 @@ def test_at_saturation_a_right_rate_admits_at_most_one_percent_that_miss_the_slo
     assert counts["refused"] > counts["arrived"] / 2  # a real surge: most are refused
     assert late <= 0.01 * counts["arrived"], (late, counts, sorted(ttfts)[-5:])
     assert floor_max <= 1, floors
+
+
+ANSWER_TOKENS = 11
+DECODE_STEP_S = DECODE_S / (ANSWER_TOKENS - 1)
+
+
+@dataclass
+class StreamingEngine(Engine):
+    """The same engine, its answers streamed: a token every :data:`DECODE_STEP_S` after the
+    first, :data:`ANSWER_TOKENS` in all, so that admission learns the decode step from them
+    and the KV turnover decides (gateway.admission.turnover)."""
+
+    async def serve(self, reservation: KvReservation, arrived_at: float,
+                    record: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        rate = PREFILL_TOKENS_PER_S / (1 + 0.25 * self.background)
+        start = max(now, self.prefill_free_at)
+        self.prefill_free_at = start + FIRST_TOKEN_S + PROMPT / rate
+        await asyncio.sleep(self.prefill_free_at - now)
+        self.admission.progress(reservation, 1)
+        if record:
+            self.ttfts.append(loop.time() - arrived_at)
+        for _ in range(ANSWER_TOKENS - 1):
+            await asyncio.sleep(DECODE_STEP_S)
+            self.admission.progress(reservation, 1)
+        self.admission.release(reservation, completion_tokens=ANSWER_TOKENS)
+
+
+async def heal_turnover(case: Case) -> tuple[float | None, int]:
+    """Seconds until the turnover's two rates (the decode step, the prefill rate) came within
+    HEALED_WITHIN of the engine's for good, both started ``case.k`` times off (None: never
+    within the run), and the requests admitted after that."""
+    loop = asyncio.get_running_loop()
+    truth = true_rate(case.background)
+    admission = controller(truth)
+    admission.prefill.reset(truth * case.k)
+    # seconds per token: a pessimistic model (k < 1) thinks the engine slower
+    admission.decode.answer(DECODE_STEP_S / case.k * (ANSWER_TOKENS - 1), ANSWER_TOKENS)
+    engine = StreamingEngine(admission, case.background)
+    long = AdmissionRequest(bucket=LengthBucket.S, prompt_tokens=20, max_tokens=10_000)
+    admission.learning = False  # sequences running all along, decoding, not measured
+    held = [await admission.acquire(long, max_wait_s=1.0, by_valve=False)
+            for _ in range(case.background)]
+    admission.learning = True
+
+    async def decode_background() -> None:
+        while True:
+            for reservation in held:
+                admission.progress(reservation, 1)
+            await asyncio.sleep(DECODE_STEP_S)
+
+    ticker = asyncio.create_task(decode_background())
+    start = loop.time()
+    healed_at: float | None = None
+    admitted_at_heal = 0
+    counts: dict[str, int] = {}
+
+    async def watch() -> None:
+        nonlocal healed_at, admitted_at_heal
+        while True:
+            step = admission.decode.step_s
+            within = (step is not None
+                      and abs(math.log(step / DECODE_STEP_S)) <= math.log(HEALED_WITHIN)
+                      and abs(math.log(admission.prefill.rate / truth))
+                      <= math.log(HEALED_WITHIN))
+            if within and healed_at is None:
+                healed_at = loop.time() - start
+                admitted_at_heal = len(engine.ttfts)
+            elif not within:
+                healed_at = None
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    counts = await drive(admission, engine, case.arrivals_per_s, HEAL_LIMIT_S + 3.0,
+                         seed=int(case.k * 1000) + case.background * 10
+                         + int(case.arrivals_per_s))
+    watcher.cancel()
+    ticker.cancel()
+    for reservation in held:
+        admission.release(reservation)
+    return healed_at, counts["admitted"] - admitted_at_heal
+
+
+def test_a_wrong_turnover_heals_within_fifteen_seconds_both_ways_on_the_real_clock() -> None:
+    """The KV turnover's model k = 4, 16, 64 times too pessimistic and too optimistic (its
+    decode step and its prefill rate both), with 0, 1 and 2 sequences decoding beside and
+    arrivals at 1.5/s and 4/s: both within 2x of the engine's within 15 s, staying there, and
+    requests still admitted after (a pessimistic replay refuses all but the floor's; the
+    floor's answers are what teach it)."""
+    async def all_cases() -> list[tuple[float | None, int]]:
+        return list(await asyncio.gather(*(heal_turnover(case) for case in CASES)))
+
+    results = asyncio.run(all_cases())
+    report = [f"k={case.k:g} bg={case.background} λ={case.arrivals_per_s}: "
+              f"{'never' if at is None else f'{at:.1f} s'}, {after} admitted after"
+              for case, (at, after) in zip(CASES, results, strict=True)]
+    print("\n".join(report))
+    for at, after in results:
+        assert at is not None and at <= HEAL_LIMIT_S, report
+        assert after > 0, report
