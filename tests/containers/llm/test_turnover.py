@@ -191,16 +191,17 @@ def test_before_the_decode_step_is_known_the_valve_decides_alone() -> None:
 
 def test_a_screened_request_is_not_decided_again_unless_it_is_bigger() -> None:
     """The screen let two through at an estimate of 250 tokens; by the time they are sized the
-    backlog is over the cap. The one of 250 tokens keeps the screen's decision; one of 400 is
-    decided again on its own prompt, and refused."""
+    backlog is over the cap. One of 450 tokens (within twice the estimate) keeps the screen's
+    decision; one of 600 is decided again on its own prompt, and refused."""
     async def scenario() -> tuple[bool, bool]:
         clock = FakeClock()
         admission = AdmissionController(ledger(blocks=1000), ttft_slo_s=2.0, max_running=64,
                                         clock=clock, prior_rate=1000.0)
         held = await admission.acquire(AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=1300,
                                                         max_tokens=64), max_wait_s=1.0)
-        same = await admission.acquire(SHORT, max_wait_s=1.0, screened_tokens=250.0)
-        bigger = AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=400, max_tokens=64)
+        usual = AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=450, max_tokens=64)
+        same = await admission.acquire(usual, max_wait_s=1.0, screened_tokens=250.0)
+        bigger = AdmissionRequest(bucket=SHORT.bucket, prompt_tokens=600, max_tokens=64)
         try:
             await admission.acquire(bigger, max_wait_s=1.0, screened_tokens=250.0)
             refused = False

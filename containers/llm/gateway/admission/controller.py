@@ -54,6 +54,12 @@ PROMPT_MEAN_WEIGHT = 0.1
 """How far each admitted prompt moves the log of the mean the screen counts a screened request
 at (a geometric mean: one 20,000-token prompt among 200-token ones moves it by 58 %, where an
 arithmetic mean moved it tenfold)."""
+SCREENED_SPREAD = 2.0
+"""A request the screen let through keeps the screen's decision while its prompt is at most this
+many times what the screen counted it at (the mean admitted prompt): a mix's prompts spread
+around their mean, and half of them are above it. Decided again, those near the line were
+refused after waiting their turn to start (27-119 ms in the gateway, the longest refusals of
+the bursts). A prompt more than twice the usual is another kind of request, decided on its own."""
 NEARLY_IDLE_SHARE = 0.1
 """At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
 refusal then means the valve's rate, not the load, turned the user away."""
@@ -377,12 +383,14 @@ class AdmissionController:
         request reached the gateway (before it was read and parsed), so that its first token
         teaches the valve the whole wait a caller sees; None: now. ``screened_tokens``: what
         the arrival screen counted it at when it let it through (:meth:`screen`): the screen's
-        decision stands for a prompt no bigger (a request let through is not refused after
-        waiting its turn to start because the decision was taken again a few milliseconds
-        later), and a bigger one is decided again on its own prompt."""
+        decision stands for a prompt up to :data:`SCREENED_SPREAD` times that (a request let
+        through is not refused after waiting its turn to start because the decision was taken
+        again a few milliseconds later), and a bigger one is decided again on its own
+        prompt."""
         now = self.clock()
         ticket = self._ticket(request, now if arrived_at is None else min(now, arrived_at))
-        screened = screened_tokens is not None and request.prompt_tokens <= screened_tokens
+        screened = (screened_tokens is not None
+                    and request.prompt_tokens <= SCREENED_SPREAD * screened_tokens)
         self._refuse_on_arrival(ticket, max_total_inflight(), by_valve=by_valve and not screened)
         if screened:  # the screen's decision, on the target: its first token steers it
             ticket.by_cap = True
