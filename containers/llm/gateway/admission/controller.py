@@ -1,7 +1,7 @@
 """Admission's controller: refuse on arrival what would miss the TTFT SLO, queue the rest and
 dispatch it first come, first served as the KV pool allows.
 
-Three parts, each its own module (docs/design-decisions.md#surge-admission):
+The parts, each its own module (docs/design-decisions.md#surge-admission):
 
 * :mod:`gateway.admission.ledger` — the KV blocks the dispatched requests hold, per bucket, and
   vLLM's dispatch rule on the engine's real pool;
@@ -218,7 +218,7 @@ class AdmissionController:
         (entered at dispatch, left at the first token), without their waits for KV room
         (:mod:`gateway.admission.turnover`). It decides nothing."""
         self.decode = DecodeStep()
-        """The engine's decode step, from the streams (:mod:`gateway.admission.turnover`)."""
+        """The engine's decode step, from the answers (:mod:`gateway.admission.turnover`)."""
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
