@@ -74,6 +74,10 @@ class Engine:
         self.admission.progress(reservation, 1)
         if record:
             self.ttfts.append(loop.time() - arrived_at)
+        await self.answer(reservation)
+
+    async def answer(self, reservation: KvReservation) -> None:
+        """After the first token: the answer's one step, then the request is done."""
         await asyncio.sleep(DECODE_S)
         self.admission.release(reservation)
 
@@ -237,17 +241,7 @@ class StreamingEngine(Engine):
     first, :data:`ANSWER_TOKENS` in all, so that admission learns the decode step from them
     and the KV turnover decides (gateway.admission.turnover)."""
 
-    async def serve(self, reservation: KvReservation, arrived_at: float,
-                    record: bool = True) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        rate = PREFILL_TOKENS_PER_S / (1 + 0.25 * self.background)
-        start = max(now, self.prefill_free_at)
-        self.prefill_free_at = start + FIRST_TOKEN_S + PROMPT / rate
-        await asyncio.sleep(self.prefill_free_at - now)
-        self.admission.progress(reservation, 1)
-        if record:
-            self.ttfts.append(loop.time() - arrived_at)
+    async def answer(self, reservation: KvReservation) -> None:
         for _ in range(ANSWER_TOKENS - 1):
             await asyncio.sleep(DECODE_STEP_S)
             self.admission.progress(reservation, 1)

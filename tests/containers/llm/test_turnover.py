@@ -109,29 +109,31 @@ def burst_controller(clock: FakeClock) -> AdmissionController:
     return admission
 
 
+async def offer(admission: AdmissionController, count: int) -> list[bool]:
+    """``count`` short requests, one after another, each decided (and dispatched or queued)
+    before the next: whether each was admitted. The admitted ones are cancelled at the end."""
+    admitted: list[bool] = []
+    tasks = []
+    for _ in range(count):
+        task = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
+        await asyncio.sleep(0)  # decided now
+        refused = task.done() and isinstance(task.exception(), AdmissionRejected)
+        admitted.append(not refused)
+        if not refused:
+            tasks.append(task)
+    for task in tasks:
+        task.cancel()
+    return admitted
+
+
 def test_the_turnover_admits_the_next_wave_over_the_valves_cap_and_refuses_the_one_after() -> None:
     """Twenty requests at once on an idle engine: the valve's cap takes five; the turnover
     predicts the second wave's first tokens at 1.0-1.1 s (the first wave's answers end at
     0.97-1.07 s), within the 1.4 s target, and admits it over the cap; the third wave's would
     come near 2 s, and it is refused."""
     async def scenario() -> tuple[list[bool], AdmissionController]:
-        clock = FakeClock()
-        admission = burst_controller(clock)
-        outcomes: list[bool] = []
-        tasks = []
-        for _ in range(20):
-            try:
-                reservation = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
-                await asyncio.sleep(0)  # decided (and dispatched, or queued) now
-                if reservation.done() and reservation.exception() is not None:
-                    raise reservation.exception()  # type: ignore[misc]
-                tasks.append(reservation)
-                outcomes.append(True)
-            except AdmissionRejected:
-                outcomes.append(False)
-        for task in tasks:
-            task.cancel()
-        return outcomes, admission
+        admission = burst_controller(FakeClock())
+        return await offer(admission, 20), admission
 
     outcomes, admission = asyncio.run(scenario())
     assert outcomes == [True] * 10 + [False] * 10, outcomes
@@ -145,21 +147,9 @@ def test_the_turnover_refuses_what_the_cap_admits_when_it_would_miss_the_slo() -
     waves and the third wave's first two (first tokens at 1.965 and 1.99 s; the next at
     2.015 s)."""
     async def scenario() -> tuple[int, AdmissionController]:
-        clock = FakeClock()
-        admission = burst_controller(clock)
+        admission = burst_controller(FakeClock())
         admission.valve.reset(50_000.0)
-        admitted = 0
-        tasks = []
-        for _ in range(30):
-            task = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
-            await asyncio.sleep(0)
-            if task.done() and task.exception() is not None:
-                continue
-            admitted += 1
-            tasks.append(task)
-        for task in tasks:
-            task.cancel()
-        return admitted, admission
+        return sum(await offer(admission, 30)), admission
 
     admitted, admission = asyncio.run(scenario())
     assert admitted == 12, admitted
@@ -170,21 +160,9 @@ def test_before_the_decode_step_is_known_the_valve_decides_alone() -> None:
     """No answer has ended yet (a new engine before warmup): the replay has no step to predict
     with, and the valve's cap is the decision."""
     async def scenario() -> int:
-        clock = FakeClock()
-        admission = burst_controller(clock)
+        admission = burst_controller(FakeClock())
         admission.decode.reset()
-        refused = 0
-        tasks = []
-        for _ in range(20):
-            task = asyncio.ensure_future(admission.acquire(SHORT, max_wait_s=5.0))
-            await asyncio.sleep(0)
-            if task.done() and task.exception() is not None:
-                refused += 1
-                continue
-            tasks.append(task)
-        for task in tasks:
-            task.cancel()
-        return refused
+        return (await offer(admission, 20)).count(False)
 
     assert asyncio.run(scenario()) == 15
 

@@ -13,7 +13,7 @@ This module predicts the step. It replays what the engine will do, first come, f
 
 * **the running requests** end when their answers do. A request with its first token ends after
   its expected output tokens left (:class:`gateway.admission.lengths.OutputLengths`) × the
-  **decode step** (seconds per output token of one stream, measured from the streams). One still
+  **decode step** (seconds per output token of one stream, measured from the answers). One still
   in prefill has its first token after the prompt tokens ahead of it and its own, at the
   **prefill rate**, and then decodes;
 * **the queued requests and the new one** are dispatched in order when their prompt blocks (and
@@ -122,10 +122,6 @@ def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Ca
     return first
 
 
-ERRORS_KEPT = 128
-"""Prediction errors the margin is taken from (the last few bursts' admitted requests)."""
-ERRORS_MIN = 16
-"""Errors measured before the margin is theirs (before: :attr:`PredictionErrors.prior_s`)."""
 class DecodeStep:
     """The engine's decode step as the answers show it: seconds per output token of one stream
     (see the module docstring); None before the first answer."""

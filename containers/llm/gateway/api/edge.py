@@ -79,12 +79,13 @@ DRAIN_TIMEOUT_S = 10.0
 BODY_SCOPE_KEY = "gateway.body"
 """Where the middleware leaves the body it read, for an error that needs it (an unparsable one)."""
 ARRIVED_SCOPE_KEY = "gateway.arrived"
-SCREENED_SCOPE_KEY = "gateway.screened_tokens"
-"""The prompt tokens the arrival screen counted a request at when it let it through (absent:
-not screened): admission keeps the screen's decision for a prompt no bigger."""
 """When the request's headers reached the gateway's code (the middleware's clock): a request's
 start for its latency, its deadline and admission's first-token time, so that the time it waited
 to be read and parsed under a burst counts as the caller feels it."""
+SCREENED_SCOPE_KEY = "gateway.screened_tokens"
+"""The prompt tokens the arrival screen counted a request at when it let it through (absent:
+not screened): admission keeps the screen's decision for a prompt up to twice that
+(``gateway.admission.controller.SCREENED_SPREAD``)."""
 
 
 class BodyLimitMiddleware:
@@ -182,8 +183,8 @@ class Pass(Protocol):
     """A request the screen let through, counted by it until :meth:`release`."""
 
     tokens: float
-    """The prompt tokens it was counted at (admission keeps the screen's decision for a prompt
-    no bigger)."""
+    """The prompt tokens it was counted at (admission keeps the screen's decision for a prompt up
+    to twice that)."""
 
     def release(self) -> None:
         """It is about to be sized (or it ended): no longer counted."""
