@@ -44,7 +44,7 @@ from gateway.admission.turnover import (
     Holder,
     first_token_at,
 )
-from gateway.admission.valve import TARGET_SHARE, PrefillValve
+from gateway.admission.valve import TARGET_SHARE, PrefillValve, geometric_step
 from gpu_budget.lengths import blocks_for_tokens
 
 PRIOR_DRAIN_TOKENS_PER_S = 2000.0
@@ -395,8 +395,10 @@ class AdmissionController:
         if screened:  # the screen's decision, on the target: its first token steers it
             ticket.by_cap = True
         if by_valve:
-            self.prompt_mean = _geometric_step(self.prompt_mean, max(1, request.prompt_tokens))
-            self.output_mean = _geometric_step(self.output_mean, ticket.expected_output)
+            self.prompt_mean = geometric_step(self.prompt_mean, max(1, request.prompt_tokens),
+                                              PROMPT_MEAN_WEIGHT)
+            self.output_mean = geometric_step(self.output_mean, ticket.expected_output,
+                                              PROMPT_MEAN_WEIGHT)
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
                          by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()
@@ -554,11 +556,6 @@ class AdmissionController:
             for _ in range(sequences):
                 self.lengths.observe(per_choice, capped=capped)
         self.dispatch()
-
-
-def _geometric_step(mean: float | None, value: float) -> float:
-    """A running geometric mean moved by :data:`PROMPT_MEAN_WEIGHT` toward ``value``."""
-    return float(value) if mean is None else mean * (value / mean) ** PROMPT_MEAN_WEIGHT
 
 
 def retry_after_header(seconds: float | None, floor_s: int) -> str:

@@ -49,6 +49,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.admission.valve import geometric_step
+
 STEP_WEIGHT = 0.2
 """How far one answer's decode step moves the log of the estimate (a wave of 20 answers moves
 it most of the way)."""
@@ -139,9 +141,7 @@ class DecodeStep:
         choice) in all: ``tokens - 1`` decode steps (one token alone teaches nothing)."""
         if tokens < 2 or decode_s <= 0:
             return
-        sample = decode_s / (tokens - 1)
-        step = self.step_s
-        self.step_s = sample if step is None else step * (sample / step) ** self.weight
+        self.step_s = geometric_step(self.step_s, decode_s / (tokens - 1), self.weight)
 
     def token(self, now: float) -> None:
         """A stream had a token at ``now`` (a stall is measured from the last one)."""

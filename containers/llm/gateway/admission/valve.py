@@ -105,6 +105,13 @@ MIN_RATE = 1.0
 """Tokens a second the estimate never goes below (a cap of zero would only be the floor)."""
 
 
+
+def geometric_step(mean: float | None, value: float, weight: float) -> float:
+    """A running geometric mean moved ``weight`` of the way toward ``value`` in log space
+    (``value`` itself when there is no mean yet): the one update every estimate of admission's
+    uses (the drain rate here, the decode step, the screen's prompt and output means)."""
+    return float(value) if mean is None else mean * (value / mean) ** weight
+
 @dataclass(frozen=True)
 class Waiting:
     """An admitted request without its first token."""
@@ -243,7 +250,7 @@ class PrefillValve:
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
         if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
             measured = max(MIN_RATE, self._drained / self._busy_s)
-            self._rate *= (measured / self._rate) ** self.weight  # a step in log space
+            self._rate = geometric_step(self._rate, measured, self.weight)
             self.windows += 1
             self._busy_s, self._drained, self._whole = 0.0, 0, False
         # The rest of a stretch whose earlier part closed a window: first tokens come in
