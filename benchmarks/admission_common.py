@@ -320,16 +320,26 @@ def process_tree(server: ServerProcess) -> list[int]:
     return [server.process.pid, *engine_servers.descendants(server.process.pid)]
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU time (user + system) of one process so far (/proc); 0 when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(server: ServerProcess) -> float:
     """CPU time (user + system) of the server and every process below it so far (/proc)."""
-    total = 0
-    for pid in process_tree(server):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(_process_cpu(pid) for pid in process_tree(server))
+
+
+def cpu_split(server: ServerProcess) -> tuple[float, float]:
+    """CPU time so far of the server's own process (the HTTP front end: parsing, rendering,
+    tokenizing, streaming; the gateway's admission) and of the processes below it (the engine
+    core): on a machine of few cores the first takes what the second needs."""
+    front = _process_cpu(server.process.pid)
+    return front, cpu_seconds(server) - front
 
 
 def renice(server: ServerProcess, niceness: int) -> None:

@@ -183,14 +183,17 @@ def run_one(servers: Mapping[str, ServerProcess], name: str,
             ) -> list[Outcome]:
     """One server's run of one schedule, with a progress line on stderr."""
     idle = {other: common.cpu_seconds(s) for other, s in servers.items() if other != name}
+    front, core = common.cpu_split(servers[name])
     started = time.perf_counter()
     outcomes = asyncio.run(open_loop(servers[name].url, common.request_path(name), schedule))
     elapsed = time.perf_counter() - started
     idle_cpu = sum(common.cpu_seconds(servers[other]) - before for other, before in idle.items())
+    front_after, core_after = common.cpu_split(servers[name])
     got = common.figures(outcomes, slo_ms)
     lag = common.percentile([o.lag_ms + o.sent_ms for o in outcomes], 0.99)
     print(f"  {label} {name}: {got.sent:g} sent, {got.good:g} good, {got.refused:g} refused, "
-          f"{got.errors:g} failed; client lag p99 {cell(lag)} ms; idle servers "
+          f"{got.errors:g} failed; client lag p99 {cell(lag)} ms; its CPU-s front "
+          f"{front_after - front:.1f}, engine {core_after - core:.1f}; idle servers "
           f"{idle_cpu:.1f} CPU-s; {elapsed:.0f} s", file=sys.stderr, flush=True)
     time.sleep(1.0)
     return outcomes
