@@ -216,6 +216,24 @@ def test_a_backlog_that_ran_dry_after_refusals_raises_the_target() -> None:
     assert gate.target_s == pytest.approx(1.5 + 2 * TARGET_STEP * 2.0)
 
 
+def test_a_backlog_with_a_late_first_token_does_not_raise_the_target_when_it_runs_dry() -> None:
+    """A stretch in which a request the cap admitted was late did not run short of work: it
+    ends without the ran-dry step, after the late rule's decrease (the late rule took the
+    target down by 1.6 s over 1.7 s once; the step after every burst took it back up and
+    more, 1.4 to 1.73 s over fifteen bursts of the seventh round)."""
+    gate = steered()
+    gate.enter("a", 100, 0.0)
+    gate.enter("b", 100, 0.0)
+    gate.refused()
+    gate.first_token("a", 1.7)
+    gate.first_token("b", 1.75)  # the backlog ran dry after refusals, with a late request
+    assert gate.target_s == pytest.approx(1.5 * LATE_SHARE * 2.0 / 1.7)
+    gate.enter("c", 100, 5.0)
+    gate.refused()
+    gate.first_token("c", 5.3)  # the next stretch: no late request, so the step again
+    assert gate.target_s == pytest.approx(1.5 * LATE_SHARE * 2.0 / 1.7 + TARGET_STEP * 2.0)
+
+
 def test_the_target_stays_within_its_bounds() -> None:
     gate = steered()
     for index in range(40):

@@ -51,8 +51,14 @@ starts at :data:`TARGET_SHARE` of the SLO, stays between :data:`TARGET_MIN_SHARE
 * **standing** — for an SLO's worth of seconds the backlog never emptied and no first token came
   within :data:`STANDING_SHARE` of the SLO: a standing queue, whose only effect is delay; down by
   :data:`STANDING_DECREASE`;
-* **ran dry** — the backlog emptied after the valve had refused requests while it lasted: the
-  engine ran out of work it could have had; up by :data:`TARGET_STEP` of the SLO.
+* **ran dry** — the backlog emptied after the valve had refused requests while it lasted, and
+  none of the requests the cap admitted into it was late: the engine ran out of work it could
+  have had; up by :data:`TARGET_STEP` of the SLO. A stretch with a late first token did not
+  run short of work, it had too much: the late rule lowers the target once per round trip, by
+  the first late request's small ratio (1.6 s over 1.67 s), and raised again by a step after
+  every burst, the target climbed from 1.4 to 1.73 s over fifteen bursts until the bursts'
+  next waves started late (3-12 of 40 admitted after the SLO at 4x-16x; issue 37, seventh
+  round).
 
 Requests the floor or the step rule admitted are not the cap's decision and teach nothing. No
 baseline latency to drift (Netflix's gradient limits compare with one): the bounds are shares of
@@ -165,6 +171,7 @@ class PrefillValve:
         self._interval_start: float | None = None  # the standing rule's interval (None: idle)
         self._shortest_wait = math.inf  # the shortest cap-admitted wait in that interval
         self._refused = False  # the valve refused since the backlog was last empty
+        self._late = False  # a cap-admitted first token was late since then
 
     @property
     def rate(self) -> float:
@@ -238,6 +245,10 @@ class PrefillValve:
     def first_token(self, key: Hashable, now: float, *, learn: bool = True) -> None:
         """``key``'s first token came at ``now``: it leaves the backlog, and (``learn``) its
         tokens count as drained in the open window, which closes when it is long enough."""
+        admitted = self._waiting.get(key)
+        if (learn and admitted is not None and admitted.by_cap and self.slo_s is not None
+                and now - admitted.arrived_at > LATE_SHARE * self.slo_s):
+            self._late = True  # before it leaves: the ran-dry rule asks as the backlog empties
         entry = self.leave(key, now)
         if entry is None:
             return
@@ -291,9 +302,9 @@ class PrefillValve:
 
     def _ran_dry(self) -> None:
         """The backlog emptied: the ran-dry rule, and the standing rule's interval ends."""
-        if self._refused and self.slo_s is not None:
+        if self._refused and not self._late and self.slo_s is not None:
             self._move(self.target_s + TARGET_STEP * self.slo_s)
-        self._refused = False
+        self._refused = self._late = False
         self._interval_start, self._shortest_wait = None, math.inf
 
     def leave(self, key: Hashable, now: float) -> Waiting | None:
@@ -315,5 +326,6 @@ class PrefillValve:
         self.target_s = self._initial_target_s
         self._decreased_at = -math.inf
         self._interval_start, self._shortest_wait, self._refused = None, math.inf, False
+        self._late = False
         self.windows = 0
         self._busy_s, self._drained = 0.0, 0
