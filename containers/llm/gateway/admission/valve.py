@@ -57,8 +57,8 @@ starts at :data:`TARGET_SHARE` of the SLO, stays between :data:`TARGET_MIN_SHARE
   run short of work, it had too much: the late rule lowers the target once per round trip, by
   the first late request's small ratio (1.6 s over 1.67 s), and raised again by a step after
   every burst, the target climbed from 1.4 to 1.73 s over fifteen bursts until the bursts'
-  next waves started late (3-12 of 40 admitted after the SLO at 4x-16x; issue 37, seventh
-  round).
+  next waves started late (up to 12 of about 40 admitted after the SLO in a burst at 4x-16x;
+  issue 37, seventh round).
 
 Requests the floor or the step rule admitted are not the cap's decision and teach nothing. No
 baseline latency to drift (Netflix's gradient limits compare with one): the bounds are shares of
@@ -246,9 +246,9 @@ class PrefillValve:
         """``key``'s first token came at ``now``: it leaves the backlog, and (``learn``) its
         tokens count as drained in the open window, which closes when it is long enough."""
         admitted = self._waiting.get(key)
-        if (learn and admitted is not None and admitted.by_cap and self.slo_s is not None
-                and now - admitted.arrived_at > LATE_SHARE * self.slo_s):
-            self._late = True  # before it leaves: the ran-dry rule asks as the backlog empties
+        late = (learn and admitted is not None and admitted.by_cap and self.slo_s is not None
+                and now - admitted.arrived_at > LATE_SHARE * self.slo_s)
+        self._late = self._late or late  # before it leaves: the ran-dry rule asks then
         entry = self.leave(key, now)
         if entry is None:
             return
@@ -256,7 +256,7 @@ class PrefillValve:
             self._busy_s, self._drained = 0.0, 0
             return
         if entry.by_cap and self.slo_s is not None:
-            self._steer(entry, now)
+            self._steer(entry, now, late=late)
         self._drained += entry.own
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
         if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
@@ -276,13 +276,14 @@ class PrefillValve:
         """The valve's decision turned a request away (the target may be too low)."""
         self._refused = True
 
-    def _steer(self, entry: Waiting, now: float) -> None:
-        """A request the cap admitted had its first token at ``now``: the late and the standing
-        rules (see the module docstring)."""
+    def _steer(self, entry: Waiting, now: float, *, late: bool) -> None:
+        """A request the cap admitted had its first token at ``now`` (``late``: after
+        :data:`LATE_SHARE` of the SLO): the late and the standing rules (see the module
+        docstring)."""
         slo = self.slo_s
         assert slo is not None
         wait = now - entry.arrived_at
-        if wait > LATE_SHARE * slo and entry.entered_at > self._decreased_at:
+        if late and entry.entered_at > self._decreased_at:
             self._move(self.target_s * LATE_SHARE * slo / wait)
             self._decreased_at = now
         if not self._waiting:
