@@ -4,24 +4,28 @@
 # VLLM_PORT, LEFT set; the kit run with COLD_TRITON=1, so its own gateway start compiled every
 # Triton kernel into an empty $TRITON_CACHE_DIR).
 #
-#   RUN_SECONDS=570 COLD_TRITON=1 VLLM_COMPARE=0 BATCH_SIZES=1 DECODE_ROUNDS=1 \
-#     EXTRA=KIT/project/benchmarks/gpu_extra.sh EXTRA_SECONDS=330 bash KIT/run.sh
+#   RUN_SECONDS=565 COLD_TRITON=1 VLLM_COMPARE=0 BATCH_SIZES=1 DECODE_ROUNDS=1 COLD_REQUESTS=3 \
+#     EXTRA=KIT/project/benchmarks/gpu_extra.sh EXTRA_SECONDS=345 bash KIT/run.sh
 #
 # 1. start cache: pack that Triton cache as a start-cache artifact (gateway.start_cache pack) and
 #    verify it for this host;
-# 2. a start WITH it: the gateway on an empty Triton cache and GATEWAY_START_CACHE=the artifact,
-#    time to /ping 200 and three short requests 1 s apart; then the surge (2x the rate a closed
-#    loop of 64 measured, 20 s) and a burst of 512 (8x max_num_seqs) through it
+# 2. vLLM's own server without a cap: the sustainable rate (a closed loop of 64 =
+#    max_num_seqs, 10 s: no admission in the way, so both servers below get the same neutral
+#    rate) and a burst of 512 (8x max_num_seqs), the first-come-first-served reference
 #    (benchmarks/gpu_surge.py);
-# 3. a start WITHOUT it: the same, an empty Triton cache and GATEWAY_START_CACHE=off (both
-#    starts come after the kit's, so both have the operating system's file cache warm);
+# 3. the gateway, started on an empty Triton cache with GATEWAY_START_CACHE=the artifact (time
+#    to /ping 200 and three short requests 1 s apart): the surge (2x that rate, 20 s) and the
+#    same burst;
 # 4. vLLM's own server behind its valve, --max-num-queued-tokens sized as vLLM's docs say
 #    (target TTFT x prefill rate: the SLO x the drain rate the gateway measured), the same
-#    surge at the gateway's rate and the same burst.
+#    surge and burst;
+# 5. when time is left (EXTRA_START_WITHOUT=1 and 130 s): a gateway start WITHOUT the cache, an
+#    empty Triton cache and GATEWAY_START_CACHE=off (every start comes after the kit's, so all
+#    have the operating system's file cache warm).
 # Results under $LOGS/extra (packed into the kit's tarball); the last line sums them up.
 # Knobs (for a dry run on vLLM's CPU build): EXTRA_ADAPTER [smoke] and EXTRA_ADAPTER_DIR
 # [$MODEL/adapters/smoke], EXTRA_CLIENTS [64], EXTRA_CLOSED_S [10], EXTRA_DURATION_S [20],
-# EXTRA_BURST [512]. vLLM's server gets the gateway's ENGINE_* settings.
+# EXTRA_BURST [512], EXTRA_START_WITHOUT [1]. vLLM's server gets the gateway's ENGINE_* settings.
 set -uo pipefail
 # The kit hands these over in the environment; the gateway refuses a GATEWAY_* it does not know.
 export -n GATEWAY_PORT VLLM_PORT LEFT
@@ -77,6 +81,22 @@ surge() { # label url path [--rate R]
   say "surge $label: $(grep -E '\] (surge|burst|sustainable)' "$X/surge-$label.log" | cut -c1-400 | tr '\n' ' ')"
 }
 
+start_vllm() { # label [vLLM flags...]: vLLM's own server on the gateway's engine settings; sets VS
+  local label=$1; shift
+  (exec setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+     --served-model-name "$GATEWAY_SERVED_MODEL_NAME" --port "$VLLM_PORT" "${VLLM_FLAGS[@]}" \
+     --lora-modules "$ADAPTER=$ADAPTER_DIR" "$@") > "$X/vllm-server-$label.log" 2>&1 &
+  VS=$!
+  local t0; t0=$(date +%s%N)
+  until curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; do
+    kill -0 "$VS" 2>/dev/null || break; [ "$(ms_since "$t0")" -lt 180000 ] || break; sleep 1
+  done
+  if curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; then
+    say "vLLM server $label up after $(ms_since "$t0") ms"; return 0; fi
+  say "vLLM server $label FAILED: $(grep -E 'Error' "$X/vllm-server-$label.log" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"
+  return 1
+}
+
 # 1. the artifact, from the Triton cache the kit's own (cold) gateway start filled
 say "triton cache from the kit's start: ${TRITON_CACHE_DIR:-unset} ($(find "${TRITON_CACHE_DIR:-/nonexistent}" -type f 2>/dev/null | wc -l) files)"
 (cd "$PROJECT" && PYTHONPATH=.:containers/llm "$PY" -m gateway.start_cache pack --triton "$TRITON_CACHE_DIR" \
@@ -86,47 +106,52 @@ say "triton cache from the kit's start: ${TRITON_CACHE_DIR:-unset} ($(find "${TR
 cp "$X/start-cache/start-cache.json" "$X/start-cache.json" 2>/dev/null
 ls -la "$X/start-cache" >> "$X/progress.log" 2>&1
 
-# 2. with the cache
+# 2. vLLM's server without a cap: the neutral sustainable rate and the first-come-first-served burst
+RATE=""
+if start_vllm nocap; then
+  surge vllm-nocap "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions --duration-s 0
+  RATE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["rate_per_s"])' \
+         "$X/surge-vllm-nocap.json" 2>/dev/null || echo "")
+fi
+stop "$VS"
+say "sustainable rate: ${RATE:-not measured (the gateway measures its own)}"
+
+# 3. the gateway, started with the cache
 mkdir -p "$X/triton-with" "$X/triton-without"
 if start_gateway with TRITON_CACHE_DIR="$X/triton-with" GATEWAY_START_CACHE="$X/start-cache"; then
-  surge gateway "http://127.0.0.1:$GATEWAY_PORT" /invocations
+  surge gateway "http://127.0.0.1:$GATEWAY_PORT" /invocations ${RATE:+--rate "$RATE"}
   curl -fsS -m 3 "http://127.0.0.1:$GATEWAY_PORT/ping" > "$X/ping-after-surge.json"
   stop "$GW"
 fi
 DRAIN=$("$PY" -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["admission"]["drain_tokens_per_s"]))' \
         "$X/ping-after-surge.json" 2>/dev/null || echo 15000)
-RATE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["rate_per_s"])' \
-       "$X/surge-gateway.json" 2>/dev/null || echo "")
-
-# 3. without it
-start_gateway without TRITON_CACHE_DIR="$X/triton-without" GATEWAY_START_CACHE=off && stop "$GW"
+[ -n "$RATE" ] || RATE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["rate_per_s"])' \
+                         "$X/surge-gateway.json" 2>/dev/null || echo "")
 
 # 4. vLLM's server behind its valve, sized by vLLM's rule from the gateway's measured drain rate
 VALVE=$((DRAIN * SLO_S))
 say "vLLM valve: --max-num-queued-tokens $VALVE (SLO ${SLO_S} s x drain ${DRAIN} tokens/s)"
-(exec setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
-   --served-model-name "$GATEWAY_SERVED_MODEL_NAME" --port "$VLLM_PORT" "${VLLM_FLAGS[@]}" \
-   --lora-modules "$ADAPTER=$ADAPTER_DIR" --max-num-queued-tokens "$VALVE") \
-   > "$X/vllm-server.log" 2>&1 &
-VS=$!; t0=$(date +%s%N)
-until curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; do
-  kill -0 "$VS" 2>/dev/null || break; [ "$(ms_since "$t0")" -lt 180000 ] || break; sleep 1
-done
-if curl -fsS -m 3 "http://127.0.0.1:$VLLM_PORT/health" > /dev/null 2>&1; then
-  say "vLLM server up after $(ms_since "$t0") ms"
+if start_vllm "q$VALVE" --max-num-queued-tokens "$VALVE"; then
   surge "vllm-q$VALVE" "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions ${RATE:+--rate "$RATE"}
-else say "vLLM server FAILED: $(grep -E 'Error' "$X/vllm-server.log" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"; fi
+fi
 stop "$VS"
+
+# 5. a start without the cache, when time is left
+if [ "${EXTRA_START_WITHOUT:-1}" = 1 ] && [ $((LEFT - SECONDS)) -ge 130 ]; then
+  start_gateway without TRITON_CACHE_DIR="$X/triton-without" GATEWAY_START_CACHE=off && stop "$GW"
+else say "start without the cache: skipped ($((LEFT - SECONDS)) s left)"; fi
 
 "$PY" - "$X" <<'PY'
 import json, pathlib, sys
 x = pathlib.Path(sys.argv[1]); parts = []
 for line in (x / "starts.txt").read_text().splitlines() if (x / "starts.txt").exists() else []:
     parts.append(line)
+def line(name, r):
+    return (f"{name} good {r['good']}/{r['sent']} admitted {r['admitted']} p99 {r['ttft_p99_ms']:.0f} ms"
+            f" refusal p99 {r['refusal_p99_ms']:.0f} ms")
 for f in sorted(x.glob("surge-*.json")):
-    r = json.loads(f.read_text()); s = r["surge"]; b = r.get("burst", {})
-    parts.append(f"{r['label']}: surge good {s['good']}/{s['sent']} p99 {s['ttft_p99_ms']:.0f} ms "
-                 f"refusal p99 {s['refusal_p99_ms']:.0f} ms; burst good {b.get('good')}/{b.get('sent')}"
-                 f" p99 {b.get('ttft_p99_ms', float('nan')):.0f} ms refusal p99 {b.get('refusal_p99_ms', float('nan')):.0f} ms")
+    r = json.loads(f.read_text())
+    runs = [line(name, r[name]) for name in ("surge", "burst") if name in r]
+    parts.append(f"{r['label']} (rate {r['rate_per_s']:.2f}/s): " + ", ".join(runs))
 print("; ".join(parts))
 PY

@@ -7,7 +7,8 @@ own server on the same engine and model, and compare the two JSON files. In orde
 1. the sustainable rate (unless ``--rate`` gives it): completed requests per second of a closed
    loop of ``--clients`` clients (the engine's ``max_num_seqs``: on a GPU the 16 of the CPU
    protocol leave most of the batch empty) for ``--closed-s`` seconds;
-2. the sustained surge: Poisson arrivals at ``--multiple`` × that rate for ``--duration-s``;
+2. the sustained surge: Poisson arrivals at ``--multiple`` × that rate for ``--duration-s``
+   (``--duration-s 0``: none, e.g. for a server without admission, which only the burst compares);
 3. the burst: ``--burst`` requests at once.
 
 Each request is admission_common's distinct 3-turn chat, streamed, ``--model`` naming the
@@ -46,7 +47,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--clients", type=int, default=64, help="closed-loop clients for the rate")
     add("--closed-s", type=float, default=10.0, help="seconds of the closed loop")
     add("--multiple", type=float, default=2.0, help="surge arrivals as a multiple of the rate")
-    add("--duration-s", type=float, default=20.0, help="seconds of surge arrivals")
+    add("--duration-s", type=float, default=20.0,
+        help="seconds of surge arrivals (0: no surge)")
     add("--burst", type=int, default=0, help="requests sent at once after the surge (0: none)")
     add("--slo-s", type=float, default=2.0, help="time-to-first-token SLO")
     add("--seed", type=int, default=7, help="fixes the arrival times and the chats")
@@ -82,17 +84,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[{args.label}] sustainable rate {rate:.2f}/s ({args.clients} clients, "
               f"{args.closed_s:g} s)", file=sys.stderr, flush=True)
     result["rate_per_s"] = rate
-    times = arrivals(args.multiple * rate, args.duration_s, args.seed)
-    schedule = [(moment, common.chat(20_000_000 + index)) for index, moment in enumerate(times)]
-    started = time.perf_counter()
-    outcomes = asyncio.run(open_loop(args.url, args.path, schedule))
-    result["surge"] = {"multiple": args.multiple, "duration_s": args.duration_s,
-                       "seconds": round(time.perf_counter() - started, 1),
-                       **summary(outcomes, slo_ms)}
-    print(f"[{args.label}] surge {args.multiple:g}x: {json.dumps(result['surge'])}",
-          file=sys.stderr, flush=True)
+    if args.duration_s > 0:
+        times = arrivals(args.multiple * rate, args.duration_s, args.seed)
+        schedule = [(moment, common.chat(20_000_000 + index))
+                    for index, moment in enumerate(times)]
+        started = time.perf_counter()
+        outcomes = asyncio.run(open_loop(args.url, args.path, schedule))
+        result["surge"] = {"multiple": args.multiple, "duration_s": args.duration_s,
+                           "seconds": round(time.perf_counter() - started, 1),
+                           **summary(outcomes, slo_ms)}
+        print(f"[{args.label}] surge {args.multiple:g}x: {json.dumps(result['surge'])}",
+              file=sys.stderr, flush=True)
     if args.burst:
-        time.sleep(3.0)  # the surge's last answers drain
+        time.sleep(3.0)  # the last answers (the closed loop's or the surge's) drain
         outcomes = asyncio.run(burst(args.url, args.path, args.burst, 30_000_000))
         result["burst"] = {"size": args.burst, **summary(outcomes, slo_ms)}
         print(f"[{args.label}] burst {args.burst}: {json.dumps(result['burst'])}",
