@@ -26,6 +26,9 @@
 # Knobs (for a dry run on vLLM's CPU build): EXTRA_ADAPTER [smoke] and EXTRA_ADAPTER_DIR
 # [$MODEL/adapters/smoke], EXTRA_CLIENTS [64], EXTRA_CLOSED_S [10], EXTRA_DURATION_S [20],
 # EXTRA_BURST [512], EXTRA_START_WITHOUT [1]. vLLM's server gets the gateway's ENGINE_* settings.
+# A shorter rerun: EXTRA_SERVERS [nocap gateway valve] (which of 2-4 run), EXTRA_RATE (the
+# sustainable rate an earlier run measured: the same arrivals), EXTRA_WARM_START=1 (the gateway
+# on the kit's warm Triton cache instead of the start cache: the quickest start).
 set -uo pipefail
 # The kit hands these over in the environment; the gateway refuses a GATEWAY_* it does not know.
 export -n GATEWAY_PORT VLLM_PORT LEFT
@@ -99,26 +102,29 @@ start_vllm() { # label [vLLM flags...]: vLLM's own server on the gateway's engin
 
 # 1. the artifact, from the Triton cache the kit's own (cold) gateway start filled
 say "triton cache from the kit's start: ${TRITON_CACHE_DIR:-unset} ($(find "${TRITON_CACHE_DIR:-/nonexistent}" -type f 2>/dev/null | wc -l) files)"
-(cd "$PROJECT" && PYTHONPATH=.:containers/llm "$PY" -m gateway.start_cache pack --triton "$TRITON_CACHE_DIR" \
+(cd "$PROJECT" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}.:containers/llm" "$PY" -m gateway.start_cache pack --triton "$TRITON_CACHE_DIR" \
    --model-dir "$MODEL" --out "$X/start-cache") > "$X/pack.log" 2>&1 || say "pack FAILED: $(tail -n 2 "$X/pack.log" | tr '\n' ' ')"
-(cd "$PROJECT" && PYTHONPATH=.:containers/llm "$PY" -m gateway.start_cache verify "$X/start-cache" --model-dir "$MODEL") \
+(cd "$PROJECT" && PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}.:containers/llm" "$PY" -m gateway.start_cache verify "$X/start-cache" --model-dir "$MODEL") \
   > "$X/verify.log" 2>&1; say "verify: rc=$? $(tail -n 1 "$X/verify.log" | cut -c1-300)"
 cp "$X/start-cache/start-cache.json" "$X/start-cache.json" 2>/dev/null
 ls -la "$X/start-cache" >> "$X/progress.log" 2>&1
 
 # 2. vLLM's server without a cap: the neutral sustainable rate and the first-come-first-served burst
-RATE=""
-if start_vllm nocap; then
+RATE=${EXTRA_RATE:-}
+SERVERS=" ${EXTRA_SERVERS:-nocap gateway valve} "
+if [[ $SERVERS == *" nocap "* ]] && start_vllm nocap; then
   surge vllm-nocap "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions --duration-s 0
   RATE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["rate_per_s"])' \
          "$X/surge-vllm-nocap.json" 2>/dev/null || echo "")
 fi
-stop "$VS"
+[ -n "${VS:-}" ] && stop "$VS"
 say "sustainable rate: ${RATE:-not measured (the gateway measures its own)}"
 
-# 3. the gateway, started with the cache
+# 3. the gateway, started with the cache (EXTRA_WARM_START=1: on the kit's warm Triton cache)
 mkdir -p "$X/triton-with" "$X/triton-without"
-if start_gateway with TRITON_CACHE_DIR="$X/triton-with" GATEWAY_START_CACHE="$X/start-cache"; then
+if [ "${EXTRA_WARM_START:-0}" = 1 ]; then GW_START=(warm GATEWAY_START_CACHE=off)
+else GW_START=(with TRITON_CACHE_DIR="$X/triton-with" GATEWAY_START_CACHE="$X/start-cache"); fi
+if [[ $SERVERS == *" gateway "* ]] && start_gateway "${GW_START[@]}"; then
   surge gateway "http://127.0.0.1:$GATEWAY_PORT" /invocations ${RATE:+--rate "$RATE"}
   curl -fsS -m 3 "http://127.0.0.1:$GATEWAY_PORT/ping" > "$X/ping-after-surge.json"
   stop "$GW"
@@ -130,11 +136,13 @@ DRAIN=$("$PY" -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["admis
 
 # 4. vLLM's server behind its valve, sized by vLLM's rule from the gateway's measured drain rate
 VALVE=$((DRAIN * SLO_S))
-say "vLLM valve: --max-num-queued-tokens $VALVE (SLO ${SLO_S} s x drain ${DRAIN} tokens/s)"
-if start_vllm "q$VALVE" --max-num-queued-tokens "$VALVE"; then
-  surge "vllm-q$VALVE" "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions ${RATE:+--rate "$RATE"}
+if [[ $SERVERS == *" valve "* ]]; then
+  say "vLLM valve: --max-num-queued-tokens $VALVE (SLO ${SLO_S} s x drain ${DRAIN} tokens/s)"
+  if start_vllm "q$VALVE" --max-num-queued-tokens "$VALVE"; then
+    surge "vllm-q$VALVE" "http://127.0.0.1:$VLLM_PORT" /v1/chat/completions ${RATE:+--rate "$RATE"}
+  fi
+  stop "$VS"
 fi
-stop "$VS"
 
 # 5. a start without the cache, when time is left
 if [ "${EXTRA_START_WITHOUT:-1}" = 1 ] && [ $((LEFT - SECONDS)) -ge 130 ]; then

@@ -208,9 +208,12 @@ class GatewayLifecycle:
         says a short request starts within the SLO; False on timeout (fatal), a failed engine
         or draining."""
         gateway = self.settings.gateway
-        requests = warmup_requests(self.settings, served_names=self.served_names,
-                                   count=lambda text: self.tokenizer.count([text])[0],
+        def count(text: str) -> int:
+            return self.tokenizer.count([text])[0]
+
+        requests = warmup_requests(self.settings, served_names=self.served_names, count=count,
                                    log=self.telemetry.log)
+        batch = calibration_batch(self.settings, count)
         short_tokens = self._prompt_tokens(short_request(requests))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmup",
@@ -220,12 +223,12 @@ class GatewayLifecycle:
             while not self.draining:
                 phase_started = self.clock()
                 if first_use:
-                    first_use = not await self._warm(client, requests, learning=False)
+                    first_use = not await self._warm(client, requests, batch, learning=False)
                     if not first_use:
                         self.log_phase("warmup_first_use", self.clock() - phase_started,
                                        generation=generation)
                         continue
-                elif await self._warm(client, requests, learning=True):
+                elif await self._warm(client, requests, batch, learning=True):
                     self.log_phase("warmup_measure", self.clock() - phase_started,
                                    generation=generation)
                     if self._valve_ready(short_tokens):
@@ -245,7 +248,8 @@ class GatewayLifecycle:
         return False
 
     async def _warm(self, client: httpx.AsyncClient,
-                    requests: Sequence[tuple[str, dict[str, Any]]], *, learning: bool) -> bool:
+                    requests: Sequence[tuple[str, dict[str, Any]]],
+                    batch: Sequence[dict[str, Any]], *, learning: bool) -> bool:
         """One warmup pass. ``learning`` off: the engine's first use of each shape (compiles,
         LoRA loads) teaches admission nothing. On: admission starts again from its prior and
         learns the steady state from this pass."""
@@ -258,7 +262,7 @@ class GatewayLifecycle:
             return await run_warmup(
                 client, requests, headers={WARMUP_HEADER: self.warmup_token},
                 progress=lambda text: self._set_warmup_progress(f"{text} ({label})"),
-                log=self.telemetry.log, batch=calibration_batch(self.settings))
+                log=self.telemetry.log, batch=batch)
         finally:
             admission.learning = True
 
