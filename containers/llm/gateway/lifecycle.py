@@ -208,12 +208,9 @@ class GatewayLifecycle:
         says a short request starts within the SLO; False on timeout (fatal), a failed engine
         or draining."""
         gateway = self.settings.gateway
-        def count(text: str) -> int:
-            return self.tokenizer.count([text])[0]
-
-        requests = warmup_requests(self.settings, served_names=self.served_names, count=count,
+        requests = warmup_requests(self.settings, served_names=self.served_names,
+                                   count=lambda text: self.tokenizer.count([text])[0],
                                    log=self.telemetry.log)
-        batch = calibration_batch(self.settings, count)
         short_tokens = self._prompt_tokens(short_request(requests))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmup",
@@ -223,12 +220,12 @@ class GatewayLifecycle:
             while not self.draining:
                 phase_started = self.clock()
                 if first_use:
-                    first_use = not await self._warm(client, requests, batch, learning=False)
+                    first_use = not await self._warm(client, requests, learning=False)
                     if not first_use:
                         self.log_phase("warmup_first_use", self.clock() - phase_started,
                                        generation=generation)
                         continue
-                elif await self._warm(client, requests, batch, learning=True):
+                elif await self._warm(client, requests, learning=True):
                     self.log_phase("warmup_measure", self.clock() - phase_started,
                                    generation=generation)
                     if self._valve_ready(short_tokens):
@@ -248,8 +245,7 @@ class GatewayLifecycle:
         return False
 
     async def _warm(self, client: httpx.AsyncClient,
-                    requests: Sequence[tuple[str, dict[str, Any]]],
-                    batch: Sequence[dict[str, Any]], *, learning: bool) -> bool:
+                    requests: Sequence[tuple[str, dict[str, Any]]], *, learning: bool) -> bool:
         """One warmup pass. ``learning`` off: the engine's first use of each shape (compiles,
         LoRA loads) teaches admission nothing. On: admission starts again from its prior and
         learns the steady state from this pass."""
@@ -262,7 +258,7 @@ class GatewayLifecycle:
             return await run_warmup(
                 client, requests, headers={WARMUP_HEADER: self.warmup_token},
                 progress=lambda text: self._set_warmup_progress(f"{text} ({label})"),
-                log=self.telemetry.log, batch=batch)
+                log=self.telemetry.log, batch=calibration_batch(self.settings))
         finally:
             admission.learning = True
 

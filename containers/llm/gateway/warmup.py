@@ -6,13 +6,9 @@ context budget, admission, engine, response formatting — everything but the so
 medium and a long conversation for the base model and for every adapter, one request routed by
 intent and locale, and one streaming request. The long one overflows the history budget, so the
 sliding window and its marker run too. Only when every answer is a 200 that is not a fallback
-does /ping say healthy. Then a batch of requests runs concurrently, so that admission's
+does /ping say healthy. Then a batch of short requests runs concurrently, so that admission's
 prefill valve measures how fast the engine drains a backlog of prompts
-(gateway.admission.valve) before the first real burst arrives. Their prompts add up to
-:data:`CALIBRATION_STEPS` scheduler steps (``ENGINE_MAX_NUM_BATCHED_TOKENS``): a backlog within
-one step times the step, not the engine's throughput, and the turnover's prefill rate learns
-only from a backlog above one (gateway.admission.turnover); on a GPU host a full batch of
-decodes then keeps every later backlog within a step. Warmup requests carry a
+(gateway.admission.valve) before the first real burst arrives. Warmup requests carry a
 per-process secret header so they are logged but not counted in the request metrics.
 
 The lifecycle runs this set twice (:mod:`gateway.lifecycle`): the first pass is the engine's
@@ -39,11 +35,6 @@ _TOKENS_PER_MESSAGE = 80
 CALIBRATION_BATCH = 16
 """Concurrent warmup requests (at most ENGINE_MAX_NUM_SEQS): the batch admission learns from."""
 CALIBRATION_TOKENS = 24
-CALIBRATION_STEPS = 2
-"""Scheduler steps' worth of prompt tokens the batch sends in all (see the module docstring)."""
-CALIBRATION_MAX_SHARE = 0.25
-"""The most of ENGINE_MAX_MODEL_LEN one calibration prompt is sized to (a small batch on an
-engine with a short context fills fewer steps rather than failing)."""
 
 
 def _message(index: int, tokens_target: int, count: Callable[[str], int]) -> str:
@@ -119,18 +110,13 @@ def short_request(requests: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, A
     raise ValueError("the warmup set has no short request")
 
 
-def calibration_batch(settings: Settings, count: Callable[[str], int]
-                      ) -> list[dict[str, Any]]:
-    """Distinct requests to send at once whose prompts add up to :data:`CALIBRATION_STEPS`
-    scheduler steps (see the module docstring); ``count``: the served tokenizer's token count of
-    a text."""
-    engine = settings.engine
-    size = min(CALIBRATION_BATCH, engine.max_num_seqs)
-    tokens = min(math.ceil(CALIBRATION_STEPS * engine.max_num_batched_tokens / size),
-                 int(CALIBRATION_MAX_SHARE * engine.max_model_len))
+def calibration_batch(settings: Settings) -> list[dict[str, Any]]:
+    """Short, distinct requests to send at once (see the module docstring)."""
+    size = min(CALIBRATION_BATCH, settings.engine.max_num_seqs)
     return [{"model": settings.gateway.served_model_name, "max_tokens": CALIBRATION_TOKENS,
-             "messages": [{"role": "user",
-                           "content": f"({index}) {_message(index, tokens, count)}"}]}
+             "messages": [{"role": "user", "content": f"({index}) "
+                           f"{MANGA_CORPUS_EN[index % len(MANGA_CORPUS_EN)]} "
+                           f"{MANGA_CORPUS_JA[index % len(MANGA_CORPUS_JA)]}"}]}
             for index in range(size)]
 
 

@@ -72,35 +72,6 @@ def test_a_window_closes_when_the_backlog_empties() -> None:
     assert gate.windows == 1 and gate.rate == pytest.approx(3000.0)
 
 
-def test_a_window_within_one_step_raises_a_throughput_measure_but_does_not_lower_it() -> None:
-    """``throughput_above`` (the turnover's prefill rate): a prompt alone timed one scheduler
-    step (300 tokens in 0.1 s), not the engine's throughput; a backlog above a step did, and
-    the first such window since the reset replaces the prior."""
-    gate = PrefillValve(target_s=1.0, rate=10_000.0, weight=0.5, throughput_above=2048)
-    gate.enter("a", 300, 0.0)
-    gate.first_token("a", 0.1)
-    assert gate.windows == 1 and gate.rate == pytest.approx(10_000.0)  # 3,000/s: kept
-    gate.enter("b", 1500, 1.0)
-    gate.first_token("b", 1.0625)
-    assert gate.rate == pytest.approx(math.sqrt(10_000.0 * 24_000.0))  # faster: raised
-    gate.enter("c", 2000, 2.0)
-    gate.enter("d", 2000, 2.0)
-    gate.first_token("c", 2.2)
-    gate.first_token("d", 2.4)
-    assert gate.rate == pytest.approx(4000 / 0.4)  # the first above a step: set outright
-    gate.enter("e", 3000, 3.0)
-    gate.first_token("e", 3.75)
-    assert gate.rate == pytest.approx(math.sqrt(10_000.0 * 4_000.0))  # then averaged
-    gate.reset(2000.0)
-    gate.enter("f", 2100, 4.0)
-    gate.first_token("f", 4.3)
-    assert gate.rate == pytest.approx(7000.0)  # after a reset: set outright again
-    plain = PrefillValve(target_s=1.0, rate=10_000.0, weight=1.0)
-    plain.enter("a", 300, 0.0)
-    plain.first_token("a", 0.1)
-    assert plain.rate == pytest.approx(3000.0)  # the drain valve: every window, both ways
-
-
 def test_the_rest_of_a_stretch_too_short_to_measure_is_carried_not_dropped() -> None:
     """Two waves: the window across the gap closes at the second wave's first token (200 tokens
     in 0.6 s); the second wave's quick drain (1,000 tokens in 50 ms) is too short to measure
@@ -171,8 +142,7 @@ def test_reset_starts_again_from_a_rate_and_keeps_what_waits() -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"target_s": 0.0, "rate": 1.0}, "target_s must be > 0"),
     ({"target_s": 1.0, "rate": 1.0, "weight": 0.0}, "weight must be in"),
-    ({"target_s": 1.0, "rate": 1.0, "weight": 1.5}, "weight must be in"),
-    ({"target_s": 1.0, "rate": 1.0, "throughput_above": -1}, "throughput_above must be >= 0")])
+    ({"target_s": 1.0, "rate": 1.0, "weight": 1.5}, "weight must be in")])
 def test_nonsense_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PrefillValve(**kwargs)

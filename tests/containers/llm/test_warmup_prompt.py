@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.warmup import CALIBRATION_STEPS, calibration_batch, warmup_requests
+from gateway.warmup import warmup_requests
 from prompts import MANGAASSIST_SYSTEM_PROMPT, SYSTEM_PROMPT_EN
 
 
@@ -29,22 +29,6 @@ def test_a_system_prompt_over_budget_is_reported_and_warmup_still_runs(make_runt
     (warning,) = [json.loads(line) for line in lines if "warmup_system_prompt_over_budget" in line]
     assert warning["level"] == "warning"
     assert warning["system_prompt_tokens"] > warning["system_budget_tokens"] == 128
-
-
-def test_the_calibration_batch_fills_two_scheduler_steps(make_runtime: Any) -> None:
-    """Its prompts add up to two steps' tokens (a backlog within one step times the step, not
-    the engine's throughput), each within a quarter of the context."""
-    runtime, _ = make_runtime(ENGINE_MAX_NUM_BATCHED_TOKENS="2048")
-    settings = runtime.settings
-
-    def count(text: str) -> int:
-        return int(runtime.tokenizer.count([text])[0])
-
-    batch = calibration_batch(settings, count)
-    contents = [body["messages"][0]["content"] for body in batch]
-    assert len(batch) == min(16, settings.engine.max_num_seqs) and len(set(contents)) == len(batch)
-    assert sum(count(text) for text in contents) >= CALIBRATION_STEPS * 2048
-    assert max(count(text) for text in contents) <= settings.engine.max_model_len // 4 + 40
 
 
 def test_warmup_that_never_succeeds_turns_ping_red_after_its_time_bound(

@@ -213,8 +213,7 @@ class AdmissionController:
         self.prior_rate = prior_rate
         self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
                                   step_tokens=step_tokens, slo_s=ttft_slo_s)
-        self.prefill = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
-                                    throughput_above=step_tokens)
+        self.prefill = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate)
         """The engine's prefill rate: the valve's measure over *dispatched* requests only
         (entered at dispatch, left at the first token), without their waits for KV room
         (:mod:`gateway.admission.turnover`). It decides nothing."""

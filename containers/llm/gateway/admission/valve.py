@@ -34,18 +34,6 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   without this the valve kept the backlog too small to ever see the batch's rate and refused
   12,898 requests of a closed loop of 64 (docs/gateway.md#surges).
 
-For the same reason a valve built with ``throughput_above`` (the turnover's measure of the
-engine's prefill rate, :mod:`gateway.admission.turnover`) lets a window lower its rate only if
-the backlog went above that many tokens (one scheduler step) while it lasted: a window whose
-backlog stayed within one step timed the step, and may only raise the rate. The first window
-above a step since the last :meth:`~PrefillValve.reset` sets the rate outright (the prior is a
-guess, not a measurement to average with; warmup's calibration batch fills two steps, so the
-rate is the engine's before /ping turns healthy). On an H200
-(eager, an 8B shape, prompts of about 260 tokens) requests dispatched one or two at a time
-into a full batch taught 2,700-5,200 tokens a second where a step of 2,048 prompt tokens took
-about 150 ms (13,000 a second): the replay then put a burst's first wave of 64 at 3-5 s and
-refused all but 15 of them, while vLLM's server started all 64 within the SLO.
-
 **The target follows the first tokens** (when the valve knows the SLO, ``slo_s``). A backlog
 does not drain at one rate: a burst on an idle engine starts the pool's worth at once and the
 next wave only as the first finishes its answers, so where the SLO falls in tokens of backlog
@@ -150,8 +138,7 @@ class PrefillValve:
     """The backlog, the measured drain rate and the decision (see the module docstring)."""
 
     def __init__(self, *, target_s: float, rate: float, weight: float = DRAIN_WEIGHT,
-                 step_tokens: int = 0, slo_s: float | None = None,
-                 throughput_above: int = 0) -> None:
+                 step_tokens: int = 0, slo_s: float | None = None) -> None:
         if not target_s > 0:
             raise ValueError(f"target_s must be > 0, got {target_s}")
         if slo_s is not None and not slo_s >= target_s:
@@ -160,8 +147,6 @@ class PrefillValve:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         if step_tokens < 0:
             raise ValueError(f"step_tokens must be >= 0, got {step_tokens}")
-        if throughput_above < 0:
-            raise ValueError(f"throughput_above must be >= 0, got {throughput_above}")
         self._initial_target_s = target_s
         self.target_s = target_s
         """The first token the cap aims at (seconds); moved by the first tokens when
@@ -172,9 +157,6 @@ class PrefillValve:
         self.step_tokens = step_tokens
         """Prompt tokens the engine prefills in one scheduler step (:meth:`fits_step`; 0:
         none)."""
-        self.throughput_above = throughput_above
-        """A window lowers the rate only if the backlog went above this many tokens while it
-        lasted (see the module docstring; 0: every window moves the rate both ways)."""
         self._rate = max(MIN_RATE, rate)
         self._waiting: dict[Hashable, Waiting] = {}
         self.backlog = 0
@@ -185,8 +167,6 @@ class PrefillValve:
         self._busy_s = 0.0  # seconds of backlog in the open window
         self._drained = 0  # tokens that reached their first token in it
         self._whole = True  # whether it began with the backlog empty
-        self._peak = 0  # the largest backlog in it
-        self._above_step = False  # a window above throughput_above measured since the reset
         self._decreased_at = -math.inf  # when the target last came down for a late request
         self._interval_start: float | None = None  # the standing rule's interval (None: idle)
         self._shortest_wait = math.inf  # the shortest cap-admitted wait in that interval
@@ -260,7 +240,6 @@ class PrefillValve:
                                      arrived_at=now if arrived_at is None else arrived_at,
                                      entered_at=now, by_cap=by_cap)
         self.backlog += max(0, own)
-        self._peak = max(self._peak, self.backlog)
         self._mark = now
 
     def first_token(self, key: Hashable, now: float, *, learn: bool = True) -> None:
@@ -274,7 +253,7 @@ class PrefillValve:
         if entry is None:
             return
         if not learn:
-            self._busy_s, self._drained, self._peak = 0.0, 0, self.backlog
+            self._busy_s, self._drained = 0.0, 0
             return
         if entry.by_cap and self.slo_s is not None:
             self._steer(entry, now, late=late)
@@ -282,22 +261,16 @@ class PrefillValve:
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
         if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
             measured = max(MIN_RATE, self._drained / self._busy_s)
-            if self.throughput_above and self._peak > self.throughput_above:
-                first, self._above_step = not self._above_step, True
-                self._rate = geometric_step(None if first else self._rate, measured,
-                                            self.weight)
-            elif measured >= self._rate or not self.throughput_above:
-                self._rate = geometric_step(self._rate, measured, self.weight)
+            self._rate = geometric_step(self._rate, measured, self.weight)
             self.windows += 1
             self._busy_s, self._drained, self._whole = 0.0, 0, False
-            self._peak = self.backlog
         # The rest of a stretch whose earlier part closed a window: first tokens come in
         # batches, so its last few may drain in a millisecond, too short to measure alone. It
         # is carried into the next window, which closes only after WINDOW_S of backlog:
         # dropped, it lowered the rate after every burst of two waves (the window across the
         # gap between them counted, the second wave's quick drain did not).
         if not self._waiting and not self._whole and not self._drained:
-            self._busy_s, self._whole, self._peak = 0.0, True, 0
+            self._busy_s, self._whole = 0.0, True
 
     def refused(self) -> None:
         """The valve's decision turned a request away (the target may be too low)."""
@@ -356,5 +329,4 @@ class PrefillValve:
         self._interval_start, self._shortest_wait, self._refused = None, math.inf, False
         self._late = False
         self.windows = 0
-        self._busy_s, self._drained, self._peak = 0.0, 0, self.backlog
-        self._above_step = False
+        self._busy_s, self._drained = 0.0, 0
