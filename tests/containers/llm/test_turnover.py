@@ -11,6 +11,7 @@ import pytest
 
 from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest
 from gateway.admission.turnover import Candidate, DecodeStep, Holder, first_token_at
+from gateway.admission.turnover import replay as replay_at_once
 from tests.containers.llm.test_admission import FakeClock, ledger, request
 
 STEP_S = 0.01
@@ -68,6 +69,15 @@ def test_sequences_are_a_limit_as_blocks_are() -> None:
     """max_running 2: the third waits for a slot though the pool has room."""
     ends = 250 / RATE + 63 * STEP_S
     assert replay(wave(3), pool=10_000, max_running=2) == pytest.approx(ends + 250 / RATE)
+
+
+def test_the_replay_says_whether_every_request_is_dispatched_at_once() -> None:
+    """Five fit the pool beside nothing: at once; the sixth waits for an answer's blocks."""
+    def at_once(count: int) -> bool:
+        return replay_at_once(0.0, running=[], queued=wave(count), pool_blocks=100,
+                              max_running=64, step_s=STEP_S, prefill_rate=RATE)[1]
+
+    assert at_once(5) and not at_once(6)
 
 
 def test_more_than_the_whole_pool_never_fits() -> None:
@@ -154,6 +164,30 @@ def test_the_turnover_refuses_what_the_cap_admits_when_it_would_miss_the_slo() -
     admitted, admission = asyncio.run(scenario())
     assert admitted == 12, admitted
     assert admission.arrivals.turnover_refusals == 18
+
+
+def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_target(
+) -> None:
+    """Eighty requests at once on an idle engine with 64 sequences and room for all of them,
+    after a slot-bound surge left the target at its floor (0.5 s) and the valve's cap at two
+    requests: the replay puts the k-th first token after k prompts at 10,400 tokens a second
+    (the 64th at 1.54 s) and dispatches every one of the 64 at once, so their prediction is
+    their prefill alone and is held to the late bound (0.8 of the SLO), as vLLM's server starts
+    all of them within it; the 65th waits for a sequence and is held to the target. Against
+    the target alone 20 were admitted (on an H200, 15 where vLLM started 64)."""
+    async def scenario() -> tuple[list[bool], AdmissionController]:
+        admission = AdmissionController(ledger(blocks=64 * 20), ttft_slo_s=2.0, max_running=64,
+                                        clock=FakeClock(), prior_rate=1000.0)
+        admission.prefill.reset(10_400.0)
+        admission.decode.answer(63 * 0.015, 64)
+        for _ in range(30):
+            admission.lengths.observe(64, capped=False)
+        admission.valve.target_s = 0.5
+        return await offer(admission, 80), admission
+
+    outcomes, admission = asyncio.run(scenario())
+    assert outcomes == [True] * 64 + [False] * 16, outcomes.count(True)
+    assert admission.arrivals.turnover_admits == 64 - 2  # the floor and the cap took two
 
 
 def test_before_the_decode_step_is_known_the_valve_decides_alone() -> None:

@@ -24,6 +24,14 @@ A dispatched request is counted at its expected end-state from dispatch on (it f
 when it ends). This is conservative: vLLM admits a prompt beside what the running answers hold
 *now*, so the engine starts a wave at least as early as predicted.
 
+The replay also says whether every request it was asked about is dispatched at once. Such a
+prediction is the prefill ahead of them alone — no answer's length or decode step in it — and
+the controller holds it to the late bound (0.8 of the SLO) instead of the valve's target. The
+target is the valve's feedback on waits for room: a slot-bound surge (a GPU with 64 sequences
+and 4 s answers) brings it to its floor, and a burst after it then started 15 of the 64 that
+vLLM's server started within the SLO on an H200 (13 of 64 on the simulator shaped like it,
+39 with this rule; docs/gateway.md#surges).
+
 The rates are the engine's own, measured where the valve's are not mixed with KV waits:
 
 * the decode step — an answer's time from its first token to its end ÷ its tokens after the
@@ -88,6 +96,15 @@ def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Ca
     """When the last of ``queued`` would have its first token, replaying dispatch first come,
     first served (see the module docstring); ``inf`` when it never fits. ``running``: in the
     order they were dispatched (their prefill is first come, first served too)."""
+    return replay(now, running=running, queued=queued, pool_blocks=pool_blocks,
+                  max_running=max_running, step_s=step_s, prefill_rate=prefill_rate)[0]
+
+
+def replay(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate],
+           pool_blocks: int, max_running: int, step_s: float,
+           prefill_rate: float) -> tuple[float, bool]:
+    """:func:`first_token_at`, and whether every one of ``queued`` is dispatched at ``now``
+    (none waits for sequences or KV room: the prediction is their prefill alone)."""
     if not queued:
         raise ValueError("queued must name at least the request being decided")
     if not (step_s > 0 and prefill_rate > 0):
@@ -110,7 +127,7 @@ def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Ca
     for candidate in queued:
         while free_blocks < candidate.blocks or free_sequences < candidate.sequences:
             if not ends:
-                return math.inf  # more than the whole pool: it never fits
+                return math.inf, False  # more than the whole pool: it never fits
             when, blocks, sequences = heapq.heappop(ends)
             clock = max(clock, when)
             free_blocks += blocks
@@ -121,7 +138,7 @@ def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Ca
                               candidate.end_blocks, candidate.sequences))
         free_blocks -= candidate.end_blocks
         free_sequences -= candidate.sequences
-    return first
+    return first, clock == now
 
 
 class DecodeStep:
