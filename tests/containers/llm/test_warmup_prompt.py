@@ -31,29 +31,6 @@ def test_a_system_prompt_over_budget_is_reported_and_warmup_still_runs(make_runt
     assert warning["system_prompt_tokens"] > warning["system_budget_tokens"] == 128
 
 
-def test_warmup_teaches_admission_the_decode_step_but_not_the_answer_lengths(
-    make_runtime: Any,
-) -> None:
-    """Warmup's answers are short on purpose, so they teach no answer length; their time per
-    token is the engine's, so the turnover can predict from the first request on (before, it
-    had no step until the first real answer ended: a whole answer into a surge)."""
-    import asyncio
-
-    runtime, _ = make_runtime(SIM_STEP_TIME_S="0.002")
-
-    async def scenario() -> tuple[float | None, int]:
-        await runtime.lifecycle.startup(runtime.app)
-        try:
-            admission = runtime.admission
-            return admission.decode.step_s, admission.lengths.observed
-        finally:
-            await runtime.supervisor.close()
-
-    step_s, lengths = asyncio.run(scenario())
-    assert step_s is not None and step_s >= 0.002
-    assert lengths == 0
-
-
 def test_warmup_that_never_succeeds_turns_ping_red_after_its_time_bound(
     make_runtime: Any, monkeypatch: Any,
 ) -> None:

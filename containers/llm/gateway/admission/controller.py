@@ -223,8 +223,6 @@ class AdmissionController:
         self.arrivals = ArrivalCounts()
         self.learning = True
         """Whether first tokens teach the valve and answers the lengths."""
-        self._at_once = False
-        """Whether the last prediction's requests were all dispatched at once in the replay."""
         self.pending_count = 0
         """Requests the screen let through that are not sized yet."""
         self.pending_tokens = 0.0
@@ -291,7 +289,8 @@ class AdmissionController:
         estimate = self.estimate(smallest_prompt_tokens)
         by_valve = valve.admits(estimate, now, unsized=pending) or (
             not self._queue and valve.fits_step(estimate, now, unsized=pending))
-        predicted = None
+        predicted: float | None = None
+        at_once = False
         if self.output_mean is not None and (valve.waiting or pending > 0):
             block_size = self.ledger.capacity.block_size
             unsized = Candidate(blocks=blocks_for_tokens(round(estimate) + 1, block_size),
@@ -299,22 +298,24 @@ class AdmissionController:
                                     round(estimate + self.output_mean), block_size),
                                 sequences=1, prompt_tokens=round(estimate),
                                 output=round(self.output_mean))
-            predicted = self._predicted_wait([unsized] * (self.pending_count + 1), now, now)
-        if self._turnover_decides(by_valve, predicted):
+            predicted, at_once = self._predicted_wait([unsized] * (self.pending_count + 1), now,
+                                                      now)
+        if self._turnover_decides(by_valve, predicted, at_once):
             self.pending_count += 1
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
         return self._refused(None, round(estimate), now, pending=round(pending))
 
-    def _turnover_decides(self, by_valve: bool, predicted: float | None) -> bool:
+    def _turnover_decides(self, by_valve: bool, predicted: float | None, at_once: bool) -> bool:
         """The decision, given the valve's (``by_valve``: admitted by its cap or its step rule)
         and the turnover's prediction of the wait (None: none yet, and the valve decides): a
         request predicted to have its first token after the SLO is refused whatever the cap
         says, and one predicted within the valve's target is admitted over the cap — within
         :data:`~gateway.admission.valve.LATE_SHARE` of the SLO when the replay dispatched it
-        (and those screened in before it) at once, as its prediction is then the prefill ahead
-        of it alone, not a wait for sequences or KV room (:mod:`gateway.admission.turnover`).
-        Where the two differ it is counted in :attr:`arrivals`."""
+        (and those screened in before it) at once (``at_once``), as its prediction is then the
+        prefill ahead of it alone, not a wait for sequences or KV room
+        (:mod:`gateway.admission.turnover`). Where the two differ it is counted in
+        :attr:`arrivals`."""
         if predicted is None:
             return by_valve
         if predicted > self.ttft_slo_s:
@@ -322,14 +323,14 @@ class AdmissionController:
             return False
         if by_valve:
             return True
-        bar = LATE_SHARE * self.ttft_slo_s if self._at_once else self.valve.target_s
+        bar = LATE_SHARE * self.ttft_slo_s if at_once else self.valve.target_s
         if predicted <= bar:
             self.arrivals.turnover_admits += 1
             return True
         return False
 
     def _predicted_wait(self, waiting: list[Candidate], now: float, arrived_at: float
-                        ) -> float | None:
+                        ) -> tuple[float | None, bool]:
         """Seconds from ``arrived_at`` until the last of ``waiting``, after the requests queued
         for dispatch, would have its first token by the turnover's replay; None before the
         engine's decode step is known (and before an engine reported its pool)."""
@@ -339,15 +340,14 @@ class AdmissionController:
         decoding = any(ticket.first_token_at is not None for ticket in self._running.values())
         step = self.decode.now_s(now, decoding=decoding)
         if step is None or not ledger.pool_blocks:
-            return None
+            return None, False
         queued = [ticket.candidate(block_size) for ticket in self._queue
                   if ticket.future is None or not ticket.future.done()]
         predicted, at_once = replay(now, running=running, queued=queued + waiting,
                                     pool_blocks=ledger.pool_blocks,
                                     max_running=self.max_running, step_s=step,
                                     prefill_rate=self.prefill.rate_now(now))
-        self._at_once = at_once
-        return predicted - arrived_at
+        return predicted - arrived_at, at_once
 
     def estimate(self, smallest_prompt_tokens: int) -> float:
         """What a request not yet sized counts as: :attr:`prompt_mean`, at least the smallest
@@ -449,9 +449,9 @@ class AdmissionController:
             return
         by_cap = valve.admits(own, now)
         by_step = (not by_cap and self._takes_at_once(ticket) and valve.fits_step(own, now))
-        predicted = self._predicted_wait([ticket.candidate(self.ledger.capacity.block_size)],
-                                         now, ticket.arrived_at)
-        if not self._turnover_decides(by_cap or by_step, predicted):
+        predicted, at_once = self._predicted_wait(
+            [ticket.candidate(self.ledger.capacity.block_size)], now, ticket.arrived_at)
+        if not self._turnover_decides(by_cap or by_step, predicted, at_once):
             raise self._refused(request.bucket, own, now)
         ticket.by_cap = not by_step  # admitted on the target: its first token steers it
 
@@ -538,17 +538,12 @@ class AdmissionController:
             ticket.held_blocks = held
 
     def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
-                capped: bool = False, finished: bool | None = None) -> None:
+                capped: bool = False) -> None:
         """Free what a request holds (its blocks at dispatch and what its answer grew into) and
         its slot; learn the answer's length (``completion_tokens`` of a real answer over all its
         choices, as its usage counts them; ``capped`` when ``max_tokens`` cut one of them): each
-        of its ``n`` choices is one answer of ``completion_tokens / n`` tokens. ``finished``: the
-        answer ended as the engine ended it (a stop or its length; None: when
-        ``completion_tokens`` is given), so its time teaches the decode step — warmup's answers
-        too, which are short on purpose and teach no length: without them the replay had no
-        step until the first real answer ended, a whole answer into a surge (on a GPU 64
-        tokens of 66 ms, 4.3 s), and the valve alone let requests queue for sequences meanwhile.
-        Dispatch what now fits."""
+        of its ``n`` choices is one answer of ``completion_tokens / n`` tokens. Dispatch what now
+        fits."""
         ticket = self._running.pop(reservation.ticket, None)
         grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
         self.ledger.release(reservation, grown_blocks=grown)
@@ -558,9 +553,7 @@ class AdmissionController:
             # one that ended without a first token (failed, cancelled) leaves the backlog
             self.valve.leave(ticket.id, now)
             self.prefill.leave(ticket.id, now)
-            if finished is None:
-                finished = completion_tokens is not None
-            if (ticket.first_token_at is not None and finished
+            if (ticket.first_token_at is not None and completion_tokens is not None
                     and ticket.learn and self.learning):
                 self.decode.answer(now - ticket.first_token_at,
                                    ticket.produced // ticket.request.sequences)

@@ -32,11 +32,6 @@ class OutputLengths:
         self._recent.append((max(1, completion_tokens), capped))
         self._stale = True
 
-    @property
-    def observed(self) -> int:
-        """Answers in the window (real answers only: warmup's teach no length)."""
-        return len(self._recent)
-
     def typical(self) -> int | None:
         """The quantile of natural lengths, or None when it cannot be trusted (see above)."""
         if self._stale:

@@ -30,7 +30,7 @@ the controller holds it to the late bound (0.8 of the SLO) instead of the valve'
 target is the valve's feedback on waits for room: a slot-bound surge (a GPU with 64 sequences
 and 4 s answers) brings it to its floor, and a burst after it then started 15 of the 64 that
 vLLM's server started within the SLO on an H200 (13 of 64 on the simulator shaped like it,
-39 with this rule; docs/gateway.md#surges).
+42 with this rule; docs/gateway.md#surges).
 
 The rates are the engine's own, measured where the valve's are not mixed with KV waits:
 

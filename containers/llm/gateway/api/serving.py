@@ -544,15 +544,13 @@ class ChatService:
             yield self._fallback(record, "engine_error", str(error), prepared.language)
         finally:
             timer.cancel()
-            # Real answers teach admission how long answers are (warmup's are short on purpose);
-            # every answer the engine ended teaches it the decode step.
-            finished = (record.finish_reason in ("stop", "length") and not deadline_hit
-                        and record.outcome != "fallback")
-            answered = finished and not record.warmup
+            # Real answers teach admission how long answers are (warmup's are short on purpose).
+            answered = (record.finish_reason in ("stop", "length") and not deadline_hit
+                        and record.outcome != "fallback" and not record.warmup)
             # completion_tokens counts every choice; admission learns each choice's length.
             self.admission.release(admission.reservation,
                                    completion_tokens=record.completion_tokens if answered else None,
-                                   capped="length" in finish_reasons.values(), finished=finished)
+                                   capped="length" in finish_reasons.values())
 
     def _on_delta(self, delta: GenerationDelta, record: RequestRecord, admission: Admission,
                   finish_reasons: dict[int, str]) -> TextEvent | None:
