@@ -190,6 +190,24 @@ def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_
     assert admission.arrivals.turnover_admits == 64 - 2  # the floor and the cap took two
 
 
+def test_the_late_bound_never_lowers_a_target_above_it() -> None:
+    """The ran-dry rule can raise the target to 0.9 of the SLO, above the late bound: a first
+    wave dispatched at once is then held to the target, as any other request. At 9,200 prompt
+    tokens a second the 64th first token comes at 1.74 s: within a 1.8 s target, after the
+    1.6 s late bound (which would have refused the last six)."""
+    async def scenario() -> list[bool]:
+        admission = AdmissionController(ledger(blocks=64 * 20), ttft_slo_s=2.0, max_running=64,
+                                        clock=FakeClock(), prior_rate=1000.0)
+        admission.prefill.reset(9_200.0)
+        admission.decode.answer(63 * 0.015, 64)
+        for _ in range(30):
+            admission.lengths.observe(64, capped=False)
+        admission.valve.target_s = 1.8
+        return await offer(admission, 64)
+
+    assert asyncio.run(scenario()).count(True) == 64
+
+
 def test_before_the_decode_step_is_known_the_valve_decides_alone() -> None:
     """No answer has ended yet (a new engine before warmup): the replay has no step to predict
     with, and the valve's cap is the decision."""

@@ -311,9 +311,9 @@ class AdmissionController:
         and the turnover's prediction of the wait (None: none yet, and the valve decides): a
         request predicted to have its first token after the SLO is refused whatever the cap
         says, and one predicted within the valve's target is admitted over the cap — within
-        :data:`~gateway.admission.valve.LATE_SHARE` of the SLO when the replay dispatched it
-        (and those screened in before it) at once (``at_once``), as its prediction is then the
-        prefill ahead of it alone, not a wait for sequences or KV room
+        :data:`~gateway.admission.valve.LATE_SHARE` of the SLO, if that is higher, when the
+        replay dispatched it (and those screened in before it) at once (``at_once``), as its
+        prediction is then the prefill ahead of it alone, not a wait for sequences or KV room
         (:mod:`gateway.admission.turnover`). Where the two differ it is counted in
         :attr:`arrivals`."""
         if predicted is None:
@@ -323,7 +323,9 @@ class AdmissionController:
             return False
         if by_valve:
             return True
-        bar = LATE_SHARE * self.ttft_slo_s if at_once else self.valve.target_s
+        bar = self.valve.target_s
+        if at_once:  # never below the target (which the ran-dry rule can raise above it)
+            bar = max(bar, LATE_SHARE * self.ttft_slo_s)
         if predicted <= bar:
             self.arrivals.turnover_admits += 1
             return True

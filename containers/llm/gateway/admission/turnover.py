@@ -26,7 +26,7 @@ when it ends). This is conservative: vLLM admits a prompt beside what the runnin
 
 The replay also says whether every request it was asked about is dispatched at once. Such a
 prediction is the prefill ahead of them alone — no answer's length or decode step in it — and
-the controller holds it to the late bound (0.8 of the SLO) instead of the valve's target. The
+the controller holds it to the late bound (0.8 of the SLO) where the valve's target is lower. The
 target is the valve's feedback on waits for room: a slot-bound surge (a GPU with 64 sequences
 and 4 s answers) brings it to its floor, and a burst after it then started 15 of the 64 that
 vLLM's server started within the SLO on an H200 (13 of 64 on the simulator shaped like it,

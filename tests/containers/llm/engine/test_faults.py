@@ -303,7 +303,11 @@ def assert_rebuilt_engine_warmed_before_it_served(gateway: ServerProcess,
     assert all(probe.retry_after and int(probe.retry_after) >= 1 for probe in early), early
     slowest = max(probe.seconds for probe in early)
     print(f"{len(early)} requests during the rebuild: 503 each, slowest {slowest * 1000:.1f} ms")
-    assert slowest < 0.5, slowest
+    # At once, not held until the engine is back (the rebuild takes tens of seconds here). The
+    # bound leaves room for what can hold the event loop meanwhile: the rebuilt engine's heap
+    # freeze (0.30-0.34 s on this machine) on two cores the rest of the suite shares (a probe
+    # took 0.88 s in a full run where 0.5 s had been the bound).
+    assert slowest < 2.0, slowest
     assert probes[-1].status == 200 and probes[-1].sent > ready_at - 0.05, probes[-1]
 
 
