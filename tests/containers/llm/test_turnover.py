@@ -9,9 +9,8 @@ import math
 
 import pytest
 
-from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest
-from gateway.admission.turnover import Candidate, DecodeStep, Holder, first_token_at
-from gateway.admission.turnover import replay as replay_at_once
+from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest, turnover
+from gateway.admission.turnover import Candidate, DecodeStep, Holder
 from tests.containers.llm.test_admission import FakeClock, ledger, request
 
 STEP_S = 0.01
@@ -26,8 +25,8 @@ def wave(count: int, *, prompt: int = 250, output: int = 64) -> list[Candidate]:
 
 def replay(queued: list[Candidate], running: list[Holder] | None = None, *, pool: int = 100,
            max_running: int = 64) -> float:
-    return first_token_at(0.0, running=running or [], queued=queued, pool_blocks=pool,
-                          max_running=max_running, step_s=STEP_S, prefill_rate=RATE)
+    return turnover.replay(0.0, running=running or [], queued=queued, pool_blocks=pool,
+                           max_running=max_running, step_s=STEP_S, prefill_rate=RATE)[0]
 
 
 def test_what_fits_is_prefilled_first_come_first_served() -> None:
@@ -74,8 +73,8 @@ def test_sequences_are_a_limit_as_blocks_are() -> None:
 def test_the_replay_says_whether_every_request_is_dispatched_at_once() -> None:
     """Five fit the pool beside nothing: at once; the sixth waits for an answer's blocks."""
     def at_once(count: int) -> bool:
-        return replay_at_once(0.0, running=[], queued=wave(count), pool_blocks=100,
-                              max_running=64, step_s=STEP_S, prefill_rate=RATE)[1]
+        return turnover.replay(0.0, running=[], queued=wave(count), pool_blocks=100,
+                               max_running=64, step_s=STEP_S, prefill_rate=RATE)[1]
 
     assert at_once(5) and not at_once(6)
 
@@ -105,14 +104,15 @@ def test_the_decode_step_is_whole_answers_and_a_stall_counts() -> None:
 SHORT = AdmissionRequest(bucket=request(300).bucket, prompt_tokens=250, max_tokens=64)
 
 
-def burst_controller(clock: FakeClock) -> AdmissionController:
+def burst_controller(clock: FakeClock, *, blocks: int = 100, prefill_rate: float = RATE
+                     ) -> AdmissionController:
     """A pool of 100 blocks of 16 (five 250-token requests at their end), an engine that
     prefills 10,000 tokens a second and decodes a token every 15 ms, and a valve whose rate
     (1,000 a second, measured across the gaps between waves) caps the backlog at 1,400
-    tokens: five requests."""
-    admission = AdmissionController(ledger(blocks=100), ttft_slo_s=2.0, max_running=64,
+    tokens: five requests. ``blocks`` and ``prefill_rate`` change the pool and the prefill."""
+    admission = AdmissionController(ledger(blocks=blocks), ttft_slo_s=2.0, max_running=64,
                                     clock=clock, prior_rate=1000.0)
-    admission.prefill.reset(RATE)
+    admission.prefill.reset(prefill_rate)
     admission.decode.answer(63 * 0.015, 64)
     for _ in range(30):
         admission.lengths.observe(64, capped=False)
@@ -176,12 +176,7 @@ def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_
     all of them within it; the 65th waits for a sequence and is held to the target. Against
     the target alone 20 were admitted (on an H200, 15 where vLLM started 64)."""
     async def scenario() -> tuple[list[bool], AdmissionController]:
-        admission = AdmissionController(ledger(blocks=64 * 20), ttft_slo_s=2.0, max_running=64,
-                                        clock=FakeClock(), prior_rate=1000.0)
-        admission.prefill.reset(10_400.0)
-        admission.decode.answer(63 * 0.015, 64)
-        for _ in range(30):
-            admission.lengths.observe(64, capped=False)
+        admission = burst_controller(FakeClock(), blocks=64 * 20, prefill_rate=10_400.0)
         admission.valve.target_s = 0.5
         return await offer(admission, 80), admission
 
@@ -196,12 +191,7 @@ def test_the_late_bound_never_lowers_a_target_above_it() -> None:
     tokens a second the 64th first token comes at 1.74 s: within a 1.8 s target, after the
     1.6 s late bound (which would have refused the last six)."""
     async def scenario() -> list[bool]:
-        admission = AdmissionController(ledger(blocks=64 * 20), ttft_slo_s=2.0, max_running=64,
-                                        clock=FakeClock(), prior_rate=1000.0)
-        admission.prefill.reset(9_200.0)
-        admission.decode.answer(63 * 0.015, 64)
-        for _ in range(30):
-            admission.lengths.observe(64, capped=False)
+        admission = burst_controller(FakeClock(), blocks=64 * 20, prefill_rate=9_200.0)
         admission.valve.target_s = 1.8
         return await offer(admission, 64)
 

@@ -90,21 +90,14 @@ class Candidate:
     """Output tokens per choice it is expected to generate."""
 
 
-def first_token_at(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate],
-                   pool_blocks: int, max_running: int, step_s: float,
-                   prefill_rate: float) -> float:
-    """When the last of ``queued`` would have its first token, replaying dispatch first come,
-    first served (see the module docstring); ``inf`` when it never fits. ``running``: in the
-    order they were dispatched (their prefill is first come, first served too)."""
-    return replay(now, running=running, queued=queued, pool_blocks=pool_blocks,
-                  max_running=max_running, step_s=step_s, prefill_rate=prefill_rate)[0]
-
-
 def replay(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate],
            pool_blocks: int, max_running: int, step_s: float,
            prefill_rate: float) -> tuple[float, bool]:
-    """:func:`first_token_at`, and whether every one of ``queued`` is dispatched at ``now``
-    (none waits for sequences or KV room: the prediction is their prefill alone)."""
+    """When the last of ``queued`` would have its first token, replaying dispatch first come,
+    first served (see the module docstring; ``inf`` when it never fits), and whether every one
+    of ``queued`` is dispatched at ``now`` (none waits for sequences or KV room: the prediction
+    is their prefill alone). ``running``: in the order they were dispatched (their prefill is
+    first come, first served too)."""
     if not queued:
         raise ValueError("queued must name at least the request being decided")
     if not (step_s > 0 and prefill_rate > 0):
