@@ -29,7 +29,17 @@ from tests.support.cpu_engine import EngineConfig, ServerProcess, engine_core_pi
 
 pytestmark = pytest.mark.engine
 CONCURRENT = 32
-PING_BUDGET_S = 0.100
+PING_BUDGET_S = 1.0
+"""The slowest /ping across the death, the rebuild and its warmup, timed from another process:
+the event loop never waits on the rebuild (tens of seconds here) and answers well inside
+SageMaker's 2 s ping timeout. Wall-clock time on two cores the suite shares: a CI run measured
+140 ms once in 1,146 polls (7-20 ms when the test runs alone), so the bound is not the place
+to catch a pause of a few hundred milliseconds; GC_PAUSE_BUDGET_MS is."""
+GC_PAUSE_BUDGET_MS = 100.0
+"""The longest collection the gateway timed itself (its gauge lines' ``gc_pause_max_ms``) from
+the kill on: the start's frozen heap is never walked again, so the rebuild's collections take
+a few milliseconds (none over 5 ms alone); an unfrozen heap's oldest-generation collection takes
+240-310 ms (docs/gateway.md, Garbage collector)."""
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +69,10 @@ class Outcome:
 
 
 def classify_json(response: httpx.Response) -> Outcome:
-    if response.status_code == 503:
-        return Outcome("shed" if response.headers.get("Retry-After") else "503 without "
-                       "Retry-After", 503, response.text[:200])
+    if response.status_code in (429, 503):  # admission's refusal, or the rebuild's
+        return Outcome("shed" if response.headers.get("Retry-After") else
+                       f"{response.status_code} without Retry-After", response.status_code,
+                       response.text[:200])
     if response.status_code != 200:
         return Outcome(f"status {response.status_code}", response.status_code,
                        response.text[:200])
@@ -155,6 +166,12 @@ async def probe_until_served(client: httpx.AsyncClient, probes: list[Probe],
         if response.status_code == 200:
             return
         await asyncio.sleep(0.1)
+
+
+def gc_pauses_since(lines: list[dict[str, Any]], since: float) -> list[float]:
+    """The longest collection (ms) of each gauge line the gateway wrote after ``since``."""
+    return [line["gc_pause_max_ms"] for line in lines if "gc_pause_max_ms" in line
+            and line["_aws"]["Timestamp"] / 1000 > since]
 
 
 def held(pid: int, *, samples: int = 5, gap_s: float = 0.1) -> dict[str, int]:
@@ -267,6 +284,11 @@ def test_sigkill_of_the_engine_core_under_load_loses_no_request(gateway: ServerP
     assert after[-1]["fds"] <= after[0]["fds"] + 1, (before, after)
     assert after[-1]["threads"] <= after[0]["threads"], (before, after)
     assert after[-1]["shm"] <= before["shm"], (before, after)
+    time.sleep(1.5)  # a gauge line (one a second) covers the last rebuild's warmup and freeze
+    pauses = gc_pauses_since(gateway.json_lines(), killed_at)
+    print(f"longest collection in each of the {len(pauses)} gauge lines since the first kill: "
+          f"max {max(pauses, default=0):g} ms")
+    assert pauses and max(pauses) < GC_PAUSE_BUDGET_MS, pauses
 
 
 def wait_until_serving(gateway: ServerProcess, generation: int) -> None:
