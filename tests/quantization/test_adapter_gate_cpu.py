@@ -42,6 +42,7 @@ def test_each_adapter_answers_its_own_task_not_the_bases(taught_model: Path) -> 
         assert generator.generate(conversations) == [task.answer] * 2
 
 
+@pytest.mark.budget(reason="the session's passing_job (tests/quantization/conftest.py: the whole job on the taught model: AWQ on CPU, the quality gate over the base and both adapters, the upload) lands in the setup of the first test that asks for it on its worker: 48-60 s beside the suite")
 def test_the_job_gates_each_adapter_and_names_them_in_the_candidate(
     passing_job: tuple[subprocess.CompletedProcess[str], Path, Path], taught_model: Path
 ) -> None:

@@ -214,6 +214,7 @@ def test_job_fails_on_the_gate_says_why_and_uploads_only_the_reports(
     assert aws_log.read_text().split() == upload
 
 
+@pytest.mark.budget(reason="the session's passing_job (tests/quantization/conftest.py: the whole job on the taught model: AWQ on CPU, the quality gate over the base and both adapters, the upload) lands in the setup of the first test that asks for it on its worker: 48-60 s beside the suite")
 def test_job_uploads_a_passing_checkpoint_as_a_candidate_with_its_manifest(
     passing_job: tuple[subprocess.CompletedProcess[str], Path, Path],
 ) -> None:
