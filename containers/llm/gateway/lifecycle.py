@@ -359,7 +359,10 @@ class GatewayLifecycle:
             "floor_admits": arrivals.floor_admits,
             "turnover_admits": arrivals.turnover_admits,
             "turnover_refusals": arrivals.turnover_refusals,
-            "prefill_tokens_per_s": round(admission.prefill.rate, 1),
+            "prefill_tokens_per_s": round(admission.prefill_rate(admission.decode.step_s, now),
+                                          1),
+            "prefill_token_us": (None if admission.prefill_cost.token_s is None
+                                 else round(admission.prefill_cost.token_s * 1e6, 2)),
             "decode_step_ms": (None if admission.decode.step_s is None
                                else round(admission.decode.step_s * 1000, 2)),
         }

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest, turnover
-from gateway.admission.turnover import Candidate, DecodeStep, Holder
+from gateway.admission.turnover import Candidate, DecodeStep, Holder, PrefillCost
 from tests.containers.llm.test_admission import FakeClock, ledger, request
 
 STEP_S = 0.01
@@ -104,14 +104,15 @@ def test_the_decode_step_is_whole_answers_and_a_stall_counts() -> None:
 SHORT = AdmissionRequest(bucket=request(300).bucket, prompt_tokens=250, max_tokens=64)
 
 
-def burst_controller(clock: FakeClock, *, blocks: int = 100, prefill_rate: float = RATE
-                     ) -> AdmissionController:
+def burst_controller(clock: FakeClock, *, blocks: int = 100, prefill_rate: float = RATE,
+                     step_tokens: int = 0) -> AdmissionController:
     """A pool of 100 blocks of 16 (five 250-token requests at their end), an engine that
     prefills 10,000 tokens a second and decodes a token every 15 ms, and a valve whose rate
     (1,000 a second, measured across the gaps between waves) caps the backlog at 1,400
-    tokens: five requests. ``blocks`` and ``prefill_rate`` change the pool and the prefill."""
+    tokens: five requests. ``blocks`` and ``prefill_rate`` change the pool and the prefill;
+    ``step_tokens`` is the engine's step (0: unknown, no :class:`PrefillCost`)."""
     admission = AdmissionController(ledger(blocks=blocks), ttft_slo_s=2.0, max_running=64,
-                                    clock=clock, prior_rate=1000.0)
+                                    clock=clock, prior_rate=1000.0, step_tokens=step_tokens)
     admission.prefill.reset(prefill_rate)
     admission.decode.answer(63 * 0.015, 64)
     for _ in range(30):
@@ -183,6 +184,56 @@ def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_
     outcomes, admission = asyncio.run(scenario())
     assert outcomes == [True] * 64 + [False] * 16, outcomes.count(True)
     assert admission.arrivals.turnover_admits == 64 - 2  # the floor and the cap took two
+
+
+def test_the_prefill_cost_is_the_wait_beyond_the_steps_fixed_cost() -> None:
+    """A request dispatched with 260 prompt tokens to prefill, on an engine whose decode step is
+    66 ms, had its first token after 76 ms: 10 ms for 260 tokens beyond the step, 38.5 us a
+    token; in full steps of 2,048 tokens, each also costing the 66 ms, 14,150 tokens a second
+    (the H200's full step: 2,048 tokens in about 150 ms), where the wait alone says 3,421.
+    3,000 tokens ahead take two steps; a wait within the steps' cost, or one before the decode
+    step is known, teaches nothing."""
+    cost = PrefillCost(weight=1.0)
+    assert cost.rate(0.066, 2048) is None
+    cost.first_token(0.076, 260, step_s=None, step_tokens=2048)
+    cost.first_token(0.060, 260, step_s=0.066, step_tokens=2048)
+    assert cost.token_s is None
+    cost.first_token(0.076, 260, step_s=0.066, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010 / 260)
+    assert cost.rate(0.066, 2048) == pytest.approx(1 / (0.010 / 260 + 0.066 / 2048))
+    assert 14_100 < cost.rate(0.066, 2048) < 14_200  # type: ignore[operator]
+    assert cost.rate(0.066, 0) is None
+    cost.first_token(2 * 0.066 + 0.120, 3000, step_s=0.066, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.120 / 3000)
+
+
+def test_a_sequence_bound_engine_learns_its_full_step_and_starts_a_burst_of_64() -> None:
+    """An H200-shaped engine (64 sequences, 2,048-token steps, a 66 ms decode step) whose
+    requests arrived one at a time, each prefilled in a step of its own in 76 ms: the windows
+    measure about 3,300 prompt tokens a second (a step's latency per prompt) and the replay
+    then put the 21st of a burst past the late bound. The prefill cost per token beyond the
+    step (38 us) puts all 64 within it, as vLLM's server started them on an H200; the 65th
+    waits for a sequence and is refused."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[float, list[bool]]:
+        admission = burst_controller(clock, blocks=64 * 20, prefill_rate=3_300.0,
+                                     step_tokens=2048)
+        admission.decode.reset()
+        admission.decode.answer(63 * 0.066, 64)
+        for _ in range(8):  # one at a time: dispatched, its first token 76 ms later, done
+            reservation = await admission.acquire(SHORT, max_wait_s=1.0)
+            clock.now += 0.076
+            admission.progress(reservation, 1)
+            admission.release(reservation)
+            clock.now += 1.0
+        admission.valve.target_s = 0.5  # where a slot-bound surge leaves it
+        windows = admission.prefill.rate
+        return windows, await offer(admission, 80)
+
+    windows, outcomes = asyncio.run(scenario())
+    assert windows < 3_400
+    assert outcomes == [True] * 64 + [False] * 16, outcomes.count(True)
 
 
 def test_the_late_bound_never_lowers_a_target_above_it() -> None:

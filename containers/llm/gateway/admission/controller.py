@@ -42,9 +42,16 @@ from gateway.admission.turnover import (
     Candidate,
     DecodeStep,
     Holder,
+    PrefillCost,
     replay,
 )
-from gateway.admission.valve import LATE_SHARE, TARGET_SHARE, PrefillValve, geometric_step
+from gateway.admission.valve import (
+    LATE_SHARE,
+    MIN_RATE,
+    TARGET_SHARE,
+    PrefillValve,
+    geometric_step,
+)
 from gpu_budget.lengths import blocks_for_tokens
 
 PRIOR_DRAIN_TOKENS_PER_S = 2000.0
@@ -124,6 +131,10 @@ class _Ticket:
     learn: bool = True
     """Whether its first token teaches the valve (off for warmup's first pass)."""
     future: asyncio.Future[KvReservation] | None = None
+    dispatched_at: float | None = None
+    prefill_ahead: int = 0
+    """Prompt tokens dispatched and not yet prefilled when it was dispatched, its own included
+    (what it waits behind, in the turnover's :class:`PrefillCost`)."""
     first_token_at: float | None = None
     produced: int = 0
     """Output tokens over all its choices."""
@@ -219,6 +230,10 @@ class AdmissionController:
         (:mod:`gateway.admission.turnover`). It decides nothing."""
         self.decode = DecodeStep()
         """The engine's decode step, from the answers (:mod:`gateway.admission.turnover`)."""
+        self.prefill_cost = PrefillCost()
+        """The engine's prefill per token beyond each step's fixed cost, from the dispatched
+        requests' first tokens (:mod:`gateway.admission.turnover`)."""
+        self.step_tokens = step_tokens
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -267,6 +282,7 @@ class AdmissionController:
         answer lengths, learned from real answers only, stay)."""
         self.valve.reset(self.prior_rate)
         self.prefill.reset(self.prior_rate)
+        self.prefill_cost.reset()
         self.decode.reset()
 
     # --- arrival ---
@@ -348,8 +364,23 @@ class AdmissionController:
         predicted, at_once = replay(now, running=running, queued=queued + waiting,
                                     pool_blocks=ledger.pool_blocks,
                                     max_running=self.max_running, step_s=step,
-                                    prefill_rate=self.prefill.rate_now(now))
+                                    prefill_rate=self.prefill_rate(step, now))
         return predicted - arrived_at, at_once
+
+    def prefill_rate(self, step_s: float | None, now: float) -> float:
+        """The prefill rate the replay predicts with: the higher of two measures that can each
+        only err low, at most what the dispatched requests still waiting allow (the measure's
+        bound). The dispatched requests' windows (:attr:`prefill`) fold each step's fixed cost
+        into its tokens, so where a step prefills a prompt or two they measure a step's latency
+        per prompt. Full steps at the measured cost per token with the decode step as each
+        step's fixed cost (:class:`PrefillCost`) count against a request only the prompts
+        dispatched before it, though the step that prefills it also prefills those dispatched
+        beside it, and its wait for the step in progress."""
+        rate = self.prefill.rate
+        stepped = self.prefill_cost.rate(step_s, self.step_tokens)
+        if stepped is not None:
+            rate = max(rate, stepped)
+        return max(MIN_RATE, min(rate, self.prefill.bound(now)))
 
     def estimate(self, smallest_prompt_tokens: int) -> float:
         """What a request not yet sized counts as: :attr:`prompt_mean`, at least the smallest
@@ -493,7 +524,9 @@ class AdmissionController:
                 self.valve.leave(ticket.id, self.clock())
                 continue
             booked = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
-            self.prefill.enter(ticket.id, ticket.request.prompt_tokens, self.clock())
+            now = self.clock()
+            self.prefill.enter(ticket.id, ticket.request.prompt_tokens, now)
+            ticket.dispatched_at, ticket.prefill_ahead = now, round(self.prefill.backlog)
             reservation = KvReservation(booked.bucket, booked.tokens, booked.blocks, ticket.id,
                                         ticket.floor)
             ticket.held_blocks = reservation.blocks
@@ -533,6 +566,10 @@ class AdmissionController:
             learn = ticket.learn and self.learning
             self.valve.first_token(ticket.id, now, learn=learn)
             self.prefill.first_token(ticket.id, now, learn=learn)
+            if learn and ticket.dispatched_at is not None:
+                self.prefill_cost.first_token(now - ticket.dispatched_at, ticket.prefill_ahead,
+                                              step_s=self.decode.step_s,
+                                              step_tokens=self.step_tokens)
         ticket.produced += tokens
         held = ticket.blocks_now(self.ledger.capacity.block_size)
         if held > ticket.held_blocks:
