@@ -11,6 +11,9 @@ credentials). Asset hashes (Lambda code, container images) change whenever any b
 does, so they are scrubbed before diffing and reported on one line per stack instead; only real
 changes to resources and properties show.
 
+A working tree that is exactly the base ref's tree (nothing modified, staged or untracked) is
+reported unchanged without synthesizing either side.
+
 Exit status: 0 when done (or no changes), 1 with ``--fail`` when any stack changed, 2 on error.
 """
 
@@ -190,6 +193,22 @@ def remove_worktree(path: Path) -> None:
                    capture_output=True, check=False)
 
 
+def unchanged_tree(ref: str) -> bool:
+    """Whether the working tree is exactly ``ref``'s tree: ``ref`` names the tree HEAD names and
+    git sees nothing modified, staged or untracked (ignored files aside: a change does not carry
+    them). Then two syntheses would compare a tree with itself."""
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=False)
+
+    base = git("rev-parse", "--verify", "--quiet", f"{ref}^{{tree}}")
+    head = git("rev-parse", "--verify", "--quiet", "HEAD^{tree}")
+    if base.returncode or head.returncode or base.stdout.strip() != head.stdout.strip():
+        return False
+    status = git("status", "--porcelain", "--untracked-files=all")
+    return status.returncode == 0 and not status.stdout.strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m checks.synth_diff",
                                      description=__doc__.split("\n\n")[0])
@@ -200,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs app.py")
     args = parser.parse_args(argv)
 
+    if unchanged_tree(args.base):
+        print(f"no infrastructure changes against {args.base}: the working tree is its tree, "
+              "nothing synthesized")
+        return 0
     with tempfile.TemporaryDirectory(prefix="synth-diff-") as tmp:
         work = Path(tmp)
         base_src = work / "base-src"

@@ -59,17 +59,42 @@ def test_diff_shows_the_changed_property_and_fails_when_asked(two_commit_repo: P
     assert '[+]     "NoncurrentDays": 30' in result.stdout
     assert "1 stack(s) differ from HEAD~1: Dev/Foundation" in result.stdout
     assert "ASSET-HASH" not in result.stdout
-
-
-@pytest.mark.slow
-def test_no_changes_exits_zero_even_with_fail(two_commit_repo: Path) -> None:
-    result = run_diff(two_commit_repo, "--base", "HEAD", "--fail")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "no infrastructure changes against HEAD" in result.stdout
-    # the temporary worktree is cleaned up
     listed = subprocess.run(["git", "worktree", "list"], cwd=two_commit_repo,
                             capture_output=True, text=True, check=True).stdout
-    assert len(listed.strip().splitlines()) == 1
+    assert len(listed.strip().splitlines()) == 1  # the base's temporary worktree is gone
+
+
+def test_no_changes_exits_zero_even_with_fail_without_synthesizing(two_commit_repo: Path
+                                                                   ) -> None:
+    result = run_diff(two_commit_repo, "--base", "HEAD", "--fail")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no infrastructure changes against HEAD: the working tree is its tree" in result.stdout
+    assert "synthesizing" not in result.stderr
+
+
+@pytest.mark.parametrize("change", ["modified", "untracked"])
+def test_a_working_tree_change_is_synthesized_even_against_head(two_commit_repo: Path,
+                                                                 change: str) -> None:
+    """What git sees as changed or untracked keeps the working tree from counting as the base's
+    tree (the synthesis would read it); the fixture's repository is left as it was."""
+    dev = two_commit_repo / "config" / "dev.yaml"
+    original = dev.read_text()
+    extra = two_commit_repo / "stacks" / "new_construct.py"
+    probe = [sys.executable, "-c",
+             "from checks.synth_diff import unchanged_tree; print(unchanged_tree('HEAD'))"]
+    try:
+        if change == "modified":
+            dev.write_text(original + "\n")
+        else:
+            extra.write_text("")
+        answer = subprocess.run(probe, cwd=two_commit_repo, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    finally:
+        dev.write_text(original)
+        extra.unlink(missing_ok=True)
+    assert answer == "False"
+    assert subprocess.run(probe, cwd=two_commit_repo, capture_output=True, text=True,
+                          check=True).stdout.strip() == "True"
 
 
 def test_unknown_base_ref_is_a_clear_error(two_commit_repo: Path) -> None:
