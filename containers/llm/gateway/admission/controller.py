@@ -368,14 +368,16 @@ class AdmissionController:
         return predicted - arrived_at, at_once
 
     def prefill_rate(self, step_s: float | None, now: float) -> float:
-        """The prefill rate the replay predicts with: the higher of two measures that can each
-        only err low, at most what the dispatched requests still waiting allow (the measure's
-        bound). The dispatched requests' windows (:attr:`prefill`) fold each step's fixed cost
-        into its tokens, so where a step prefills a prompt or two they measure a step's latency
-        per prompt. Full steps at the measured cost per token with the decode step as each
-        step's fixed cost (:class:`PrefillCost`) count against a request only the prompts
-        dispatched before it, though the step that prefills it also prefills those dispatched
-        beside it, and its wait for the step in progress."""
+        """The prefill rate the replay predicts with: the higher of two measures that each err low
+        for a reason of their own, at most what the dispatched requests still waiting allow (the
+        measure's bound). The dispatched requests' windows (:attr:`prefill`) fold each step's fixed
+        cost into its tokens, so where a step prefills a prompt or two they measure a step's latency
+        per prompt. Full steps at the measured cost per token with the decode step as each step's
+        fixed cost (:class:`PrefillCost`) count against a request only the prompts dispatched before
+        it, though the step that prefills it also prefills those dispatched beside it, and its wait
+        for the step in progress. The one error the other way: a step on an idle engine costs less
+        than the decode step beside running streams (their tokens' share: about 2.5 ms of 66 on an
+        H200 with 64 streams), which the cost per token then over-subtracts."""
         rate = self.prefill.rate
         stepped = self.prefill_cost.rate(step_s, self.step_tokens)
         if stepped is not None:
