@@ -232,8 +232,8 @@ class AdmissionController:
         """The engine's decode step, from the answers (:mod:`gateway.admission.turnover`)."""
         self.prefill_cost = PrefillCost()
         """The engine's prefill per token beyond each step's fixed cost, from the dispatched
-        requests' first tokens (:mod:`gateway.admission.turnover`)."""
-        self.step_tokens = step_tokens
+        requests' first tokens (:mod:`gateway.admission.turnover`), in steps of the valve's
+        ``step_tokens``."""
         self.lengths = OutputLengths()
         self.arrivals = ArrivalCounts()
         self.learning = True
@@ -379,7 +379,7 @@ class AdmissionController:
         than the decode step beside running streams (their tokens' share: about 2.5 ms of 66 on an
         H200 with 64 streams), which the cost per token then over-subtracts."""
         rate = self.prefill.rate
-        stepped = self.prefill_cost.rate(step_s, self.step_tokens)
+        stepped = self.prefill_cost.rate(step_s, self.valve.step_tokens)
         if stepped is not None:
             rate = max(rate, stepped)
         return max(MIN_RATE, min(rate, self.prefill.bound(now)))
@@ -571,7 +571,7 @@ class AdmissionController:
             if learn and ticket.dispatched_at is not None:
                 self.prefill_cost.first_token(now - ticket.dispatched_at, ticket.prefill_ahead,
                                               step_s=self.decode.step_s,
-                                              step_tokens=self.step_tokens)
+                                              step_tokens=self.valve.step_tokens)
         ticket.produced += tokens
         held = ticket.blocks_now(self.ledger.capacity.block_size)
         if held > ticket.held_blocks:
