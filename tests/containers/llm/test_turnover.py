@@ -187,24 +187,77 @@ def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_
 
 
 def test_the_prefill_cost_is_the_wait_beyond_the_steps_fixed_cost() -> None:
-    """A request dispatched with 260 prompt tokens to prefill, on an engine whose decode step is
-    66 ms, had its first token after 76 ms: 10 ms for 260 tokens beyond the step, 38.5 us a
-    token; in full steps of 2,048 tokens, each also costing the 66 ms, 14,150 tokens a second
-    (the H200's full step: 2,048 tokens in about 150 ms), where the wait alone says 3,421.
-    3,000 tokens ahead take two steps; a wait within the steps' cost, or one before the decode
-    step is known, teaches nothing."""
+    """A request dispatched to an idle engine with 260 prompt tokens to prefill, on an engine
+    whose decode step is 66 ms, had its first token after 76 ms: 10 ms for 260 tokens beyond the
+    step, 38.5 us a token; in full steps of 2,048 tokens, each also costing the 66 ms, 14,150
+    tokens a second (the H200's full step: 2,048 tokens in about 150 ms), where the wait alone
+    says 3,421. 3,000 tokens ahead take two steps; a wait within the steps' cost, one before
+    the decode step is known, or one that does not learn (warmup's first pass) teaches
+    nothing."""
     cost = PrefillCost(weight=1.0)
     assert cost.rate(0.066, 2048) is None
-    cost.first_token(0.076, 260, step_s=None, step_tokens=2048)
-    cost.first_token(0.060, 260, step_s=0.066, step_tokens=2048)
+
+    def timed(key: int, wait_s: float, tokens: int, *, step_s: float | None = 0.066,
+              learn: bool = True) -> None:
+        cost.dispatched(key, 10.0 * key, stepping=False)
+        cost.first_token(key, 10.0 * key + wait_s, tokens, step_s=step_s, step_tokens=2048,
+                         learn=learn)
+
+    timed(1, 0.076, 260, step_s=None)
+    timed(2, 0.060, 260)
+    timed(3, 0.076, 260, learn=False)
     assert cost.token_s is None
-    cost.first_token(0.076, 260, step_s=0.066, step_tokens=2048)
+    timed(4, 0.076, 260)
     assert cost.token_s == pytest.approx(0.010 / 260)
     assert cost.rate(0.066, 2048) == pytest.approx(1 / (0.010 / 260 + 0.066 / 2048))
     assert 14_100 < cost.rate(0.066, 2048) < 14_200  # type: ignore[operator]
     assert cost.rate(0.066, 0) is None
-    cost.first_token(2 * 0.066 + 0.120, 3000, step_s=0.066, step_tokens=2048)
+    timed(5, 2 * 0.066 + 0.120, 3000)
     assert cost.token_s == pytest.approx(0.120 / 3000)
+
+
+def test_a_request_dispatched_during_a_step_is_timed_from_that_steps_end() -> None:
+    """Streams decode in 66 ms steps, their tokens at 0, 66, 132 ... ms. A 260-token prompt
+    dispatched 50 ms into a step waits out the 16 ms left of it, then its own 76 ms step: its
+    wait is timed from the next step's outputs (38.5 us a token; from its dispatch, 100 us).
+    One dispatched while a step's outputs are still arriving (the next step already runs)
+    starts after the step after; one whose step's outputs never come (a stall) starts at most a
+    decode step after its dispatch; one whose own first token is the next output is timed from
+    its dispatch; one that ends without a first token is forgotten."""
+    step = 0.066
+    cost = PrefillCost(weight=1.0)
+
+    def outputs(at: float, streams: range = range(3)) -> None:  # a step's, 0.2 ms apart
+        for stream in streams:
+            now = at + 0.0002 * stream
+            cost.token(now, previous_at=now - 0.0002 if stream else at - step, step_s=step)
+
+    outputs(0.0)
+    cost.dispatched(1, 0.050, stepping=True)
+    outputs(step)
+    cost.first_token(1, step + 0.076, 260, step_s=step, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010 / 260)
+
+    outputs(2 * step, range(1))
+    cost.dispatched(2, 2 * step + 0.0001, stepping=True)  # among step 2's outputs
+    outputs(2 * step, range(1, 3))
+    outputs(3 * step)
+    cost.first_token(2, 3 * step + 0.076 + 0.000_26, 260, step_s=step, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010_26 / 260)
+
+    cost.dispatched(3, 1.0, stepping=True)
+    cost.token(1.5, previous_at=1.0 - 0.03, step_s=step)  # a stall: the next outputs 0.5 s on
+    cost.first_token(3, 1.0 + step + 0.076 + 0.000_52, 260, step_s=step, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010_52 / 260)
+
+    cost.dispatched(4, 2.0, stepping=True)
+    cost.first_token(4, 2.0 + 0.076 + 0.000_78, 260, step_s=step, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010_78 / 260)
+
+    cost.dispatched(5, 3.0, stepping=True)
+    cost.forget(5)
+    cost.first_token(5, 3.5, 260, step_s=step, step_tokens=2048)
+    assert cost.token_s == pytest.approx(0.010_78 / 260)
 
 
 def test_a_sequence_bound_engine_learns_its_full_step_and_starts_a_burst_of_64() -> None:
@@ -283,3 +336,37 @@ def test_a_screened_request_is_not_decided_again_unless_it_is_bigger() -> None:
         return same is not None, refused
 
     assert asyncio.run(scenario()) == (True, True)
+
+
+def test_requests_dispatched_mid_step_teach_the_same_cost_and_a_burst_of_64_starts() -> None:
+    """The same engine with a stream decoding beside: each of eight requests is dispatched 50 ms
+    into a 66 ms step, waits 16 ms for that step's end and then 76 ms for its own. Timed from
+    the step's end its cost is 38 us a token, and all 64 of the burst after start within the
+    late bound; timed from its dispatch it was 104 us (7,300 tokens a second in full steps),
+    and 46 of the burst were admitted (on the simulator shaped like the H200, 49 of the 64
+    vLLM's server starts)."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[float | None, list[bool]]:
+        admission = burst_controller(clock, blocks=64 * 20, prefill_rate=3_300.0,
+                                     step_tokens=2048)
+        admission.decode.reset()
+        admission.decode.answer(63 * 0.066, 64)
+        beside = await admission.acquire(SHORT, max_wait_s=1.0)
+        admission.progress(beside, 1)  # decoding: the engine runs a step every 66 ms
+        for _ in range(8):
+            clock.now += 0.050
+            reservation = await admission.acquire(SHORT, max_wait_s=1.0)
+            clock.now += 0.016
+            admission.progress(beside, 1)  # the step in progress ends
+            clock.now += 0.076  # the request's own step, its prompt beside the stream
+            admission.progress(reservation, 1)
+            admission.progress(beside, 1)
+            admission.release(reservation)
+        admission.release(beside)
+        admission.valve.target_s = 0.5  # where a slot-bound surge leaves it
+        return admission.prefill_cost.token_s, await offer(admission, 80)
+
+    token_s, outcomes = asyncio.run(scenario())
+    assert token_s == pytest.approx(0.010 / 250, rel=0.01)
+    assert outcomes == [True] * 64 + [False] * 16, outcomes.count(True)

@@ -131,7 +131,6 @@ class _Ticket:
     learn: bool = True
     """Whether its first token teaches the valve (off for warmup's first pass)."""
     future: asyncio.Future[KvReservation] | None = None
-    dispatched_at: float | None = None
     prefill_ahead: int = 0
     """Prompt tokens dispatched and not yet prefilled when it was dispatched, its own included
     (what it waits behind, in the turnover's :class:`PrefillCost`)."""
@@ -254,6 +253,8 @@ class AdmissionController:
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
         self._running_sequences = 0
+        self._decoding = 0
+        """Dispatched requests past their first token: while any is, the engine runs steps."""
 
     @property
     def waiting(self) -> int:
@@ -355,8 +356,7 @@ class AdmissionController:
         ledger = self.ledger
         block_size = ledger.capacity.block_size
         running = [ticket.holder(block_size) for ticket in self._running.values()]
-        decoding = any(ticket.first_token_at is not None for ticket in self._running.values())
-        step = self.decode.now_s(now, decoding=decoding)
+        step = self.decode.now_s(now, decoding=self._decoding > 0)
         if step is None or not ledger.pool_blocks:
             return None, False
         queued = [ticket.candidate(block_size) for ticket in self._queue
@@ -528,7 +528,8 @@ class AdmissionController:
             booked = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
             now = self.clock()
             self.prefill.enter(ticket.id, ticket.request.prompt_tokens, now)
-            ticket.dispatched_at, ticket.prefill_ahead = now, round(self.prefill.backlog)
+            ticket.prefill_ahead = round(self.prefill.backlog)
+            self.prefill_cost.dispatched(ticket.id, now, stepping=self._decoding > 0)
             reservation = KvReservation(booked.bucket, booked.tokens, booked.blocks, ticket.id,
                                         ticket.floor)
             ticket.held_blocks = reservation.blocks
@@ -562,16 +563,20 @@ class AdmissionController:
         if ticket is None or tokens <= 0:
             return
         now = self.clock()
-        self.decode.token(now)
         if ticket.first_token_at is None:
             ticket.first_token_at = now
+            self._decoding += 1
             learn = ticket.learn and self.learning
             self.valve.first_token(ticket.id, now, learn=learn)
             self.prefill.first_token(ticket.id, now, learn=learn)
-            if learn and ticket.dispatched_at is not None:
-                self.prefill_cost.first_token(now - ticket.dispatched_at, ticket.prefill_ahead,
-                                              step_s=self.decode.step_s,
-                                              step_tokens=self.valve.step_tokens)
+            self.prefill_cost.first_token(ticket.id, now, ticket.prefill_ahead,
+                                          step_s=self.decode.step_s,
+                                          step_tokens=self.valve.step_tokens, learn=learn)
+        # after its first token is timed: a step's outputs that begin with it end the waits of
+        # the requests dispatched during that step, not its own
+        self.prefill_cost.token(now, previous_at=self.decode.last_token_at,
+                                step_s=self.decode.step_s)
+        self.decode.token(now)
         ticket.produced += tokens
         held = ticket.blocks_now(self.ledger.capacity.block_size)
         if held > ticket.held_blocks:
@@ -591,6 +596,10 @@ class AdmissionController:
         if ticket is not None:
             now = self.clock()
             self._running_sequences -= ticket.request.sequences
+            if ticket.first_token_at is not None:
+                self._decoding -= 1
+            else:
+                self.prefill_cost.forget(ticket.id)
             # one that ended without a first token (failed, cancelled) leaves the backlog
             self.valve.leave(ticket.id, now)
             self.prefill.leave(ticket.id, now)

@@ -138,6 +138,12 @@ def replay(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate]
     return first, clock == now
 
 
+STEP_GAP_SHARE = 0.5
+"""A stream's token more than this share of the decode step after the one before begins the
+outputs of another engine step: a step's outputs reach the streams together (a few milliseconds
+apart beside a decode step of 15-70 ms), the next step's a decode step later."""
+
+
 class PrefillCost:
     """The engine's prefill as its steps run it: seconds per prompt token beyond each step's
     fixed cost (see the module docstring); None before the first measure.
@@ -150,25 +156,72 @@ class PrefillCost:
     folds the fixed cost into the tokens: measured where requests reach the engine one or two a
     step (a sequence-bound surge) it is one step's latency per prompt, a quarter of what a full
     step prefills on an H200, and the replay then put a burst's 64th first token at 4.9 s where
-    vLLM's server started all 64 within 1.5 s."""
+    vLLM's server started all 64 within 1.5 s.
+
+    **The step in progress.** A request dispatched while the engine runs a step (streams are
+    decoding) is scheduled in the step after it, so its wait also holds what was left of that
+    step: anything up to a decode step more than its prompt takes (66 ms beside a 260-token
+    prompt on the H200 shape: up to 254 us a token on top of 38). Such a request's wait is
+    therefore timed from the end of that step, which the streams show: their next tokens, the
+    first more than :data:`STEP_GAP_SHARE` of the decode step after the one before
+    (:meth:`token`), and never later than a decode step after its dispatch. Timed from dispatch,
+    the estimate after a sequence-bound surge was 93 us a token on the simulator shaped like the
+    H200, and a burst after it started 49 of the 64 vLLM's server starts."""
 
     def __init__(self, *, weight: float = STEP_WEIGHT) -> None:
         if not 0 < weight <= 1:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         self.weight = weight
         self.token_s: float | None = None
+        self._started: dict[int, float] = {}
+        """When each dispatched request's own steps began (by its key), until its first token."""
+        self._in_step: dict[int, float] = {}
+        """Requests dispatched while a step ran (their dispatch time), until its outputs."""
 
-    def first_token(self, wait_s: float, tokens_ahead: int, *, step_s: float | None,
-                    step_tokens: int) -> None:
-        """A request dispatched with ``tokens_ahead`` prompt tokens to prefill (its own
-        included) had its first token ``wait_s`` later, while the decode step was ``step_s``.
-        A wait within the steps' fixed cost (a step faster than the decode step: nothing was
-        decoding) teaches nothing, as does one before the decode step is known."""
-        if step_s is None or step_tokens <= 0 or tokens_ahead <= 0:
+    def dispatched(self, key: int, now: float, *, stepping: bool) -> None:
+        """Request ``key`` was dispatched at ``now``; ``stepping``: while streams were decoding
+        (a step in progress that it waits out before its own)."""
+        if stepping:
+            self._in_step[key] = now
+        else:
+            self._started[key] = now
+
+    def token(self, now: float, *, previous_at: float | None, step_s: float | None) -> None:
+        """A stream had a token at ``now``, the one before at ``previous_at``: where it begins
+        another step's outputs, the requests dispatched during the step that ended start their
+        own steps now (at most ``step_s`` after their dispatch)."""
+        if not self._in_step or step_s is None:
             return
+        if previous_at is not None and now - previous_at <= STEP_GAP_SHARE * step_s:
+            return  # the same step's outputs
+        for key, dispatched_at in self._in_step.items():
+            self._started[key] = min(now, dispatched_at + step_s)
+        self._in_step.clear()
+
+    def first_token(self, key: int, now: float, tokens_ahead: int, *, step_s: float | None,
+                    step_tokens: int, learn: bool = True) -> None:
+        """Request ``key``, dispatched with ``tokens_ahead`` prompt tokens to prefill (its own
+        included), had its first token at ``now``, while the decode step was ``step_s``. Its
+        wait is timed from when its steps began (from its dispatch when no step's outputs came
+        between: its own token ended the step). A wait within the steps' fixed cost (a step
+        faster than the decode step: nothing was decoding) teaches nothing, as does one before
+        the decode step is known, or one with ``learn`` off (warmup's first pass)."""
+        started = self._started.pop(key, None)
+        dispatched_at = self._in_step.pop(key, None)
+        if started is None:
+            started = dispatched_at
+        if (not learn or started is None or step_s is None or step_tokens <= 0
+                or tokens_ahead <= 0):
+            return
+        wait_s = now - started
         per_token = (wait_s - math.ceil(tokens_ahead / step_tokens) * step_s) / tokens_ahead
         if per_token > 0:
             self.token_s = geometric_step(self.token_s, per_token, self.weight)
+
+    def forget(self, key: int) -> None:
+        """Request ``key`` ended without a first token (failed, cancelled)."""
+        self._started.pop(key, None)
+        self._in_step.pop(key, None)
 
     def rate(self, step_s: float | None, step_tokens: int) -> float | None:
         """Prompt tokens a second in full steps of ``step_tokens`` each costing ``step_s`` more
@@ -178,8 +231,10 @@ class PrefillCost:
         return 1.0 / (self.token_s + step_s / step_tokens)
 
     def reset(self) -> None:
-        """Forget the estimate (a new engine)."""
+        """Forget the estimate and the requests being timed (a new engine)."""
         self.token_s = None
+        self._started.clear()
+        self._in_step.clear()
 
 
 class DecodeStep:
