@@ -9,7 +9,15 @@ import math
 
 import pytest
 
-from gateway.admission import AdmissionController, AdmissionRejected, AdmissionRequest, turnover
+from gateway.admission import (
+    AdmissionController,
+    AdmissionLedger,
+    AdmissionRejected,
+    AdmissionRequest,
+    ScreenPass,
+    turnover,
+)
+from gateway.engines.base import KvCapacity
 from gateway.admission.turnover import Candidate, DecodeStep, Holder, PrefillCost
 from tests.containers.llm.test_admission import FakeClock, ledger, request
 
@@ -370,3 +378,42 @@ def test_requests_dispatched_mid_step_teach_the_same_cost_and_a_burst_of_64_star
     token_s, outcomes = asyncio.run(scenario())
     assert token_s == pytest.approx(0.010 / 250, rel=0.01)
     assert outcomes == [True] * 64 + [False] * 16, outcomes.count(True)
+
+
+def test_before_any_answer_ends_the_running_answers_pace_says_a_sequence_is_seconds_away(
+) -> None:
+    """A surge's first seconds on an H200-shaped engine: 64 sequences, all taken by answers of
+    64 tokens that started together and have 12 tokens each at 66 ms a token, and no answer has
+    ended (the decode step is not known). The 65th request waits for a sequence about 3.4 s:
+    the answers' pace so far says so, and it is refused although nothing waits for a first
+    token (the valve's floor) — as is the next, and one the arrival screen decides before it
+    is parsed. Before, the floor admitted it and the valve's cap the ones after it, and 13 of
+    the simulator's surge started late. With one sequence free the floor admits at once."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[list[bool], list[bool]]:
+        admission = AdmissionController(
+            AdmissionLedger(KvCapacity(64 * 20, 16), watermark=0.9,
+                            bucket_caps=dict.fromkeys(("S", "M", "L", "XL"), 64)),
+            ttft_slo_s=2.0, max_running=64, clock=clock, step_tokens=2048)
+        admission.prefill.reset(RATE)
+        for _ in range(30):
+            admission.lengths.observe(64, capped=False)
+        admission.valve.reset(100_000.0)  # its cap takes all 64 at once
+        running = [await admission.acquire(SHORT, max_wait_s=1.0) for _ in range(64)]
+        clock.now += 0.1
+        for reservation in running:
+            admission.progress(reservation, 1)
+        for _ in range(12):
+            clock.now += 0.066
+            for reservation in running:
+                admission.progress(reservation, 1)
+        assert admission.decode.step_s is None and admission.valve.waiting == 0
+        full = await offer(admission, 2)
+        screened = admission.screen(200)  # the same, decided before it is parsed
+        admission.release(running[0])
+        return full + [isinstance(screened, ScreenPass)], await offer(admission, 1)
+
+    full, freed = asyncio.run(scenario())
+    assert full == [False, False, False]
+    assert freed == [True]

@@ -44,6 +44,7 @@ from gateway.admission.turnover import (
     Holder,
     PrefillCost,
     replay,
+    step_so_far,
 )
 from gateway.admission.valve import (
     LATE_SHARE,
@@ -201,8 +202,8 @@ class ArrivalCounts:
     """Admitted over the valve's cap because the turnover predicted its first token within the
     target (the screen's decisions and the sized ones)."""
     turnover_refusals: int = 0
-    """Refused although the valve's cap admitted them: the turnover predicted a first token
-    after the SLO."""
+    """Refused although the valve's cap (or its floor, for a request that waits for room)
+    admitted them: the turnover predicted a first token after the SLO."""
     last_refused_while_idle_at: float | None = None
 
 
@@ -308,7 +309,8 @@ class AdmissionController:
             not self._queue and valve.fits_step(estimate, now, unsized=pending))
         predicted: float | None = None
         at_once = False
-        if self.output_mean is not None and (valve.waiting or pending > 0):
+        floor = not valve.waiting and pending <= 0  # the floor, if the engine takes it at once
+        if self.output_mean is not None and not (floor and self._takes_now(round(estimate) + 1)):
             block_size = self.ledger.capacity.block_size
             unsized = Candidate(blocks=blocks_for_tokens(round(estimate) + 1, block_size),
                                 end_blocks=blocks_for_tokens(
@@ -352,11 +354,18 @@ class AdmissionController:
                         ) -> tuple[float | None, bool]:
         """Seconds from ``arrived_at`` until the last of ``waiting``, after the requests queued
         for dispatch, would have its first token by the turnover's replay; None before the
-        engine's decode step is known (and before an engine reported its pool)."""
+        engine's decode step is known (no answer has ended, and none running has shown its pace:
+        :func:`~gateway.admission.turnover.step_so_far`), and before an engine reported its
+        pool."""
         ledger = self.ledger
         block_size = ledger.capacity.block_size
         running = [ticket.holder(block_size) for ticket in self._running.values()]
         step = self.decode.now_s(now, decoding=self._decoding > 0)
+        if step is None:  # no answer has ended yet: the running ones' pace so far
+            step = step_so_far(now, ((ticket.first_token_at,
+                                      ticket.produced // ticket.request.sequences)
+                                     for ticket in self._running.values()
+                                     if ticket.first_token_at is not None and ticket.learn))
         if step is None or not ledger.pool_blocks:
             return None, False
         queued = [ticket.candidate(block_size) for ticket in self._queue
@@ -477,24 +486,36 @@ class AdmissionController:
         valve = self.valve
         now = self.clock()
         own = request.prompt_tokens
+        candidate = [ticket.candidate(self.ledger.capacity.block_size)]
         if valve.waiting == 0:  # the floor: nothing waits, so its first token teaches the rate
+            if not self._takes_at_once(ticket):  # unless it waits for room past the SLO
+                predicted, _ = self._predicted_wait(candidate, now, ticket.arrived_at)
+                if predicted is not None and predicted > self.ttft_slo_s:
+                    self.arrivals.turnover_refusals += 1
+                    raise self._refused(request.bucket, own, now)
             ticket.floor = own > valve.cap(now)
             self.arrivals.floor_admits += ticket.floor
             ticket.by_cap = not ticket.floor
             return
         by_cap = valve.admits(own, now)
         by_step = (not by_cap and self._takes_at_once(ticket) and valve.fits_step(own, now))
-        predicted, at_once = self._predicted_wait(
-            [ticket.candidate(self.ledger.capacity.block_size)], now, ticket.arrived_at)
+        predicted, at_once = self._predicted_wait(candidate, now, ticket.arrived_at)
         if not self._turnover_decides(by_cap or by_step, predicted, at_once):
             raise self._refused(request.bucket, own, now)
         ticket.by_cap = not by_step  # admitted on the target: its first token steers it
 
     def _takes_at_once(self, ticket: _Ticket) -> bool:
         """Whether the engine would take ``ticket`` now: nothing queued ahead of it, and its
-        prompt fits the sequences and the KV room left (the valve's step rule holds only for
-        prompts the engine prefills at once, not for those that wait for room)."""
+        prompt fits the sequences and the KV room left (the valve's step rule and its floor hold
+        only for prompts the engine prefills at once, not for those that wait for room)."""
         return not self._queue and self._blocked(ticket) is None
+
+    def _takes_now(self, tokens: int) -> bool:
+        """:meth:`_takes_at_once` for a request not yet sized (the screen's), holding ``tokens``
+        at dispatch, one sequence, its bucket not known."""
+        ledger = self.ledger
+        return (not self._queue and self._running_sequences < self.max_running
+                and ledger.reserved_blocks + ledger.blocks_for(tokens) <= ledger.pool_blocks)
 
     # --- dispatch ---
     def _blocked(self, ticket: _Ticket) -> RefusalReason | None:

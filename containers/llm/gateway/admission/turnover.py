@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.admission.valve import geometric_step
@@ -235,6 +235,28 @@ class PrefillCost:
         self.token_s = None
         self._started.clear()
         self._in_step.clear()
+
+
+SO_FAR_TOKENS = 8
+"""An answer still running counts toward the decode step so far once it has this many tokens
+after its first (one or two steps are mostly the step that prefilled it)."""
+
+
+def step_so_far(now: float, answers: Iterable[tuple[float, int]]) -> float | None:
+    """The decode step the answers still running show before any has ended: their time since
+    the first token over their tokens after it (``answers``: each one's first token time and
+    tokens per choice so far), over those with at least :data:`SO_FAR_TOKENS` after the first;
+    None without one. On a GPU with 64 sequences and 4 s answers the first answer ends 4 s into
+    a surge, and until then the replay could not say that the 65th request waits that long
+    for a sequence: the valve admitted it by its cap, and 13 of the simulator's surge's
+    requests started late (docs/gateway.md#surges)."""
+    elapsed = 0.0
+    tokens = 0
+    for first_token_at, produced in answers:
+        if produced - 1 >= SO_FAR_TOKENS:
+            elapsed += now - first_token_at
+            tokens += produced - 1
+    return elapsed / tokens if tokens else None
 
 
 class DecodeStep:
