@@ -383,8 +383,9 @@ class AdmissionController:
         cost into its tokens, so where a step prefills a prompt or two they measure a step's latency
         per prompt. Full steps at the measured cost per token with the decode step as each step's
         fixed cost (:class:`PrefillCost`) count against a request only the prompts dispatched before
-        it, though the step that prefills it also prefills those dispatched beside it, and its wait
-        for the step in progress. The one error the other way: a step on an idle engine costs less
+        it, though the step that prefills it also prefills those dispatched beside it (its wait
+        for the step in progress at its dispatch is not counted: :class:`PrefillCost` times it
+        from that step's end). The one error the other way: a step on an idle engine costs less
         than the decode step beside running streams (their tokens' share: about 2.5 ms of 66 on an
         H200 with 64 streams), which the cost per token then over-subtracts."""
         rate = self.prefill.rate
