@@ -17,8 +17,8 @@ from gateway.admission import (
     ScreenPass,
     turnover,
 )
-from gateway.engines.base import KvCapacity
 from gateway.admission.turnover import Candidate, DecodeStep, Holder, PrefillCost
+from gateway.engines.base import KvCapacity
 from tests.containers.llm.test_admission import FakeClock, ledger, request
 
 STEP_S = 0.01
@@ -412,7 +412,7 @@ def test_before_any_answer_ends_the_running_answers_pace_says_a_sequence_is_seco
         full = await offer(admission, 2)
         screened = admission.screen(200)  # the same, decided before it is parsed
         admission.release(running[0])
-        return full + [isinstance(screened, ScreenPass)], await offer(admission, 1)
+        return [*full, isinstance(screened, ScreenPass)], await offer(admission, 1)
 
     full, freed = asyncio.run(scenario())
     assert full == [False, False, False]
