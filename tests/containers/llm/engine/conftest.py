@@ -111,6 +111,11 @@ def servers(vllm_python: Path, served: Served,
 
 
 DEFAULT_ENGINE = EngineConfig()
+GATEWAY_ENGINE = EngineConfig(max_loras=3)
+"""The shared gateway's engine: on vLLM's CPU platform the gateway runs the base model through a
+third, zero-weight adapter (gateway.engines.vllm), so its two adapters and the base model share
+a step only with three LoRA slots (with DEFAULT_ENGINE's two, vLLM's scheduler runs at most two
+of the three at once). vLLM's own server keeps DEFAULT_ENGINE: as many slots as adapters."""
 KV_POOL_BYTES = int(RUNTIME_ENV["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
 
 
@@ -123,11 +128,12 @@ def predicted_kv_tokens(served: Served) -> int:
 @pytest.fixture(scope="session")
 def engine_pair(vllm_python: Path, served: Served, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """The gateway and vLLM's own server on the default engine arguments, both started before
-    either is waited for, once per run: the modules that only send requests share them (the
-    gateway checks its KV pool against the budget's prediction at start)."""
+    """The gateway and vLLM's own server on the default engine arguments (the gateway with a
+    LoRA slot for its zero adapter: :data:`GATEWAY_ENGINE`), both started before either is
+    waited for, once per run: the modules that only send requests share them (the gateway
+    checks its KV pool against the budget's prediction at start)."""
     started = Servers(vllm_python, served, tmp_path_factory.mktemp("engine-pair-logs"))
-    gateway = started.gateway(DEFAULT_ENGINE,
+    gateway = started.gateway(GATEWAY_ENGINE,
                               GATEWAY_EXPECTED_KV_TOKENS=str(predicted_kv_tokens(served)))
     vllm = started.vllm(DEFAULT_ENGINE)
     try:
