@@ -175,6 +175,7 @@ def _make(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
     import moto.sagemaker.models as sagemaker
     import moto.servicequotas.responses as quotas
+    from moto.moto_api._internal.models import moto_api_backend
 
     tmp = tmp_path_factory.mktemp("first-deploy")
     assembly = _assembly(tmp)
@@ -187,6 +188,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         # moto's instance-type list predates ml.g5 and ml.inf2 (docs/design-decisions.md#moto-limits).
         patch.setattr(sagemaker.FakeEndpointConfig, "validate_instance_type",
                       lambda self, instance_type: None)
+        # moto's backends are this process's: a module run before on the same xdist worker may
+        # have left the README's stacks in them, and the first deploy would then update, not create
+        moto_api_backend.reset()
         server.start()
         try:
             kwargs = _bootstrap(server.endpoint_url)
