@@ -17,11 +17,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.containers.llm.engine.conftest import DEFAULT_ENGINE
 from tests.support.cpu_engine import ServerProcess
 
 pytestmark = pytest.mark.engine
-ENGINE = DEFAULT_ENGINE
 QUESTION = "Recommend a dark fantasy manga and say how many volumes it has."
 CARD_SCHEMA = {
     "type": "object",
