@@ -5,7 +5,7 @@ after a failed one)."""
 from __future__ import annotations
 
 import pytest
-from moto.cloudformation.models import cloudformation_backends
+from moto.cloudformation.models import CloudFormationBackend
 
 from tests.tools.moto_fixes import patched
 
@@ -14,7 +14,9 @@ def test_deleting_a_change_set_that_does_not_exist_is_not_an_error() -> None:
     """moto 5.2.5 raises (a server error to the CLI; when this first assertion fails, moto fixed
     it and the patch can go); patched, the call deletes nothing and succeeds, as
     CloudFormation's does."""
-    backend = cloudformation_backends["123456789012"]["ap-northeast-1"]
+    # A backend of its own: the process-wide ones keep what an earlier deploy in this worker left
+    # (test_deploy_role's runs leave a change set of this very name, which moto then deletes).
+    backend = CloudFormationBackend("ap-northeast-1", "123456789012")
     with pytest.raises(UnboundLocalError):
         backend.delete_change_set("cdk-deploy-change-set")
     with patched():
