@@ -23,6 +23,7 @@ from gateway.admission import (
     classify_bucket,
     retry_after_header,
 )
+from gateway.admission.controller import REFUSAL_HOLD_S
 from gateway.admission.valve import TARGET_SHARE
 from gateway.api.chat_run import FinishEvent, TextEvent
 from gateway.api.errors import ApiError
@@ -510,6 +511,52 @@ def test_the_screen_counts_the_requests_it_let_through_until_they_are_sized() ->
     assert released == 200
     assert refused.reason is RefusalReason.TTFT_SLO and refused.bucket is None
     assert refused.backlog_tokens == 1400  # the 7 let through, counted at 200 each
+
+
+def test_the_screens_refusal_stands_for_the_arrivals_after_it_until_something_changes() -> None:
+    """A burst's refusals after the first skip the replay (the screen's costliest part): with
+    nothing changed but more screened in, and within REFUSAL_HOLD_S, the decision is the same.
+    Less screened in (a pass released), the hold's end, or a token: decided afresh. (The code
+    before ran the replay for each of the five refusals.)"""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[int, int, list[bool], int, int]:
+        admission = controller(blocks=10_000, slo_s=2.0, rate=1000.0, clock=clock)
+        held = await admission.acquire(request(300), max_wait_s=1.0)
+        admission.progress(held, 1)
+        replays: list[int] = []
+        predict = admission._predicted_wait
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            replays.append(1)
+            return predict(*args, **kwargs)
+
+        admission._predicted_wait = counted  # type: ignore[method-assign]
+        passes = [admission.screen(20) for _ in range(7)]
+        assert all(isinstance(decided, ScreenPass) for decided in passes)
+        before = len(replays)
+        refusals = [admission.screen(20) for _ in range(5)]
+        assert all(isinstance(decided, AdmissionRejected) for decided in refusals)
+        held_replays = len(replays) - before
+        refused = admission.arrivals.refused_by_valve
+        first = passes[0]
+        assert isinstance(first, ScreenPass)
+        first.release()  # less screened in than at the refusal: room for one more
+        afresh = [isinstance(admission.screen(20), ScreenPass)]
+        afresh.append(isinstance(admission.screen(20), ScreenPass))  # refused, held again
+        before = len(replays)
+        clock.now += 2 * REFUSAL_HOLD_S
+        afresh.append(isinstance(admission.screen(20), ScreenPass))
+        after_hold = len(replays) - before
+        before = len(replays)
+        admission.progress(held, 1)
+        afresh.append(isinstance(admission.screen(20), ScreenPass))
+        return held_replays, refused, afresh, after_hold, len(replays) - before
+
+    held_replays, refused, afresh, after_hold, after_token = asyncio.run(scenario())
+    assert held_replays == 1 and refused == 5  # each refusal still counted
+    assert afresh == [True, False, False, False]
+    assert after_hold == 1 and after_token == 1
 
 
 def test_a_screened_request_is_sized_by_its_own_prompt() -> None:
