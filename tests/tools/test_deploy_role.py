@@ -222,6 +222,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
             yield Recorded(list(server.calls), runs, docker_log, aliases)
         finally:
             server.stop()
+            moto_api_backend.reset()  # and leaves nothing for the modules after it on the worker
             if context_file.read_bytes() != context_before:
                 context_file.write_bytes(context_before)
                 pytest.fail("the CDK CLI wrote cdk.context.json (a lookup): restored it")

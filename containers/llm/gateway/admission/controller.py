@@ -74,7 +74,8 @@ more screened in (no dispatch, token, release or arrival sized): the decision is
 what was screened in before a request, so theirs is the same refusal, up to the few
 milliseconds by which the valve's rate and the replay's clock move on (0.1 % of a 2 s SLO). A
 burst's refusals then skip the replay, the screen's costliest part (about 50 of the 180 us a
-refusal held the event loop for in a burst of 512 on the H200-shaped simulator)."""
+refusal held the event loop for in a burst of 512 on the H200-shaped simulator;
+docs/design-decisions.md#surge-admission)."""
 NEARLY_IDLE_SHARE = 0.1
 """At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
 refusal then means the valve's rate, not the load, turned the user away."""
