@@ -203,8 +203,8 @@ class _HeldRefusal:
     changes: int
     pending_count: int
     pending_tokens: float
-    reserved_blocks: int
     pool_blocks: int
+    """The engine's pool then (its capacity is set from outside the controller)."""
     by_turnover: bool
     """The turnover refused it over the valve's cap (counted again for each it stands for)."""
 
@@ -333,8 +333,9 @@ class AdmissionController:
         valve = self.valve
         pending = self.pending_tokens
         estimate = self.estimate(smallest_prompt_tokens)
-        if self._held is not None and self._refusal_holds(now):
-            self.arrivals.turnover_refusals += self._held.by_turnover
+        held = self._standing_refusal(now)
+        if held is not None:
+            self.arrivals.turnover_refusals += held.by_turnover
             return self._refused(None, round(estimate), now, pending=round(pending))
         by_valve = valve.admits(estimate, now, unsized=pending) or (
             not self._queue and valve.fits_step(estimate, now, unsized=pending))
@@ -355,22 +356,22 @@ class AdmissionController:
             self.pending_count += 1
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
-        ledger = self.ledger
         self._held = _HeldRefusal(now, self._changes, self.pending_count, pending,
-                                  ledger.reserved_blocks, ledger.pool_blocks,
+                                  self.ledger.pool_blocks,
                                   self.arrivals.turnover_refusals > refusals)
         return self._refused(None, round(estimate), now, pending=round(pending))
 
-    def _refusal_holds(self, now: float) -> bool:
-        """Whether the screen's last refusal stands for an arrival now: within
-        :data:`REFUSAL_HOLD_S`, nothing changed but (as much or) more screened in before it."""
+    def _standing_refusal(self, now: float) -> _HeldRefusal | None:
+        """The screen's last refusal if it stands for an arrival now: within
+        :data:`REFUSAL_HOLD_S`, nothing changed (what the ledger holds changes only with a
+        dispatch, a token or a release, each a change) but (as much or) more screened in."""
         held = self._held
-        ledger = self.ledger
-        return (held is not None and now - held.at <= REFUSAL_HOLD_S
-                and self._changes == held.changes and self.pending_count >= held.pending_count
-                and self.pending_tokens >= held.pending_tokens
-                and ledger.reserved_blocks == held.reserved_blocks
-                and ledger.pool_blocks == held.pool_blocks)
+        if (held is None or now - held.at > REFUSAL_HOLD_S or self._changes != held.changes
+                or self.pending_count < held.pending_count
+                or self.pending_tokens < held.pending_tokens
+                or self.ledger.pool_blocks != held.pool_blocks):
+            return None
+        return held
 
     def _turnover_decides(self, by_valve: bool, predicted: float | None, at_once: bool) -> bool:
         """The decision, given the valve's (``by_valve``: admitted by its cap or its step rule)
