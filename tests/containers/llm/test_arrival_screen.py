@@ -10,8 +10,9 @@ import json
 from typing import Any
 
 import httpx
+from starlette.responses import Response
 
-from gateway.api.edge import StartGate
+from gateway.api.edge import BODY_SCOPE_KEY, ArrivalScreen, StartGate
 from gateway.app import GatewayRuntime
 from tests.containers.llm.test_cold_start import running, short_chat
 from tests.containers.llm.test_telemetry import assert_valid_emf
@@ -198,6 +199,109 @@ def test_no_two_requests_start_in_one_loop_iteration() -> None:
     started = asyncio.run(scenario())
     assert sorted(started, key=started.__getitem__) == ["a", "b", "c", "d", "late"]
     assert len(set(started.values())) == 5, started
+
+
+def _starts_beside_screens(screened_iterations: int, seconds_per_iteration: float
+                           ) -> dict[str, int]:
+    """Two requests ask to start at once while an arrival is screened in each of the loop's
+    first ``screened_iterations`` iterations (a clock advancing ``seconds_per_iteration`` an
+    iteration, the gate's yield bound 1 s): the iteration each starts in."""
+
+    async def scenario() -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        now = 0.0
+        gate = StartGate(yield_max_s=1.0, clock=lambda: now)
+        iteration = 0
+        started: dict[str, int] = {}
+
+        def tick() -> None:
+            nonlocal iteration, now
+            iteration += 1
+            now += seconds_per_iteration
+            if iteration <= screened_iterations:
+                gate.screened()
+            if len(started) < 2:
+                loop.call_soon(tick)
+
+        async def start(name: str) -> None:
+            await gate.turn()
+            started[name] = iteration
+
+        tick()
+        tasks = [asyncio.create_task(start(name)) for name in "ab"]
+        async with asyncio.timeout(5):  # a gate that never lets one through fails, not hangs
+            await asyncio.gather(*tasks)
+        return started
+
+    return asyncio.run(scenario())
+
+
+def test_a_waiting_start_yields_to_a_burst_until_an_iteration_screens_no_arrival() -> None:
+    """The first request starts at once (in the iteration after the ticker's first, 2); without
+    screens the second starts two iterations later (4). With an arrival screened in each of
+    the first 20 iterations it waits, their refusals going first, and starts two iterations
+    after the last screen (22). (The gate before let it start in 4 among the screens.)"""
+    assert _starts_beside_screens(screened_iterations=0, seconds_per_iteration=0.0) == {
+        "a": 2, "b": 4}
+    assert _starts_beside_screens(screened_iterations=20, seconds_per_iteration=0.0) == {
+        "a": 2, "b": 22}
+
+
+def test_a_waiting_start_yields_to_the_screens_for_at_most_the_bound() -> None:
+    """Arrivals screened in every iteration without end (a flood) hold a waiting start for
+    ``yield_max_s`` and no longer: at 0.25 s an iteration, the second request, waiting from
+    iteration 2, has waited 1 s in iteration 6 and starts in the next one (7)."""
+    assert _starts_beside_screens(screened_iterations=10**9, seconds_per_iteration=0.25) == {
+        "a": 2, "b": 7}
+
+
+def test_the_arrival_screen_holds_the_starts_while_it_answers_a_burst() -> None:
+    """Through the middleware: two arrivals let through, then one refused in each of the next
+    eight loop iterations. The first starts at once; the second starts after the eighth
+    refusal, not among them (each screen tells the gate that a burst is still arriving)."""
+
+    class Passed:
+        tokens = 1.0
+
+        def release(self) -> None:
+            """Nothing counted it."""
+
+    async def scenario() -> list[str]:
+        events: list[str] = []
+        lets_through = iter([True, True] + [False] * 8)
+
+        def screen(scope: dict[str, Any], body: bytes) -> Response | Passed:
+            if next(lets_through):
+                return Passed()
+            events.append("refused " + scope["path"])
+            return Response(status_code=429)
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            events.append("started " + scope["path"])
+            await Response()(scope, receive, send)
+
+        middleware = ArrivalScreen(app, screen=screen)
+
+        async def request(path: str) -> None:
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                """The answer goes nowhere."""
+
+            await middleware({"type": "http", "path": path, BODY_SCOPE_KEY: b"{}"},
+                             receive, send)
+
+        tasks = [asyncio.create_task(request("/a")), asyncio.create_task(request("/b"))]
+        for index in range(8):
+            await asyncio.sleep(0)
+            tasks.append(asyncio.create_task(request(f"/{index}")))
+        async with asyncio.timeout(5):
+            await asyncio.gather(*tasks)
+        return events
+
+    assert asyncio.run(scenario()) == [
+        "started /a", *(f"refused /{index}" for index in range(8)), "started /b"]
 
 
 def test_a_burst_is_screened_before_its_admitted_requests_start(make_runtime: Any) -> None:

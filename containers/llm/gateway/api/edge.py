@@ -196,9 +196,15 @@ Screen = Callable[[Scope, bytes], Response | Pass | None]
 reads it at once)."""
 
 
+START_YIELD_MAX_S = 0.05
+"""How long a screened-in request's start may yield to the screens of the arrivals behind it:
+as long as a refusal may take to reach the client (issue 37's 50 ms), 2.5 % of the 2 s
+first-token SLO."""
+
+
 class StartGate:
     """Lets the screened requests start — be parsed, validated, rendered and tokenized — one per
-    event-loop iteration, in arrival order.
+    event-loop iteration, in arrival order, and not while a burst is still being screened.
 
     A request's start is a few milliseconds of work that never yields the loop, and the loop
     runs every callback that is ready in turn: a burst's first arrivals, started together, held
@@ -207,17 +213,34 @@ class StartGate:
     time, each next one only in a later iteration, an arrival's screen waits for at most one
     start, and the arrivals and screens of each iteration run between the starts (a request
     let through waits for the ones ahead of it).
+
+    One start per iteration still took the loop for about half of a burst of 512 on the H200's
+    shape (64 starts of 0.7 ms among 448 refusals of 0.14 ms, arriving over 60 ms), so the
+    refusals queued behind them (p99 75–126 ms at the client). A waiting request therefore
+    starts only in an iteration after one in which no arrival was screened (:meth:`screened`),
+    or once it has waited :data:`START_YIELD_MAX_S`: a burst's refusals go first, and its
+    admitted requests start when it has been screened, at most that much later. Without a
+    burst an iteration has no screen and nothing waits longer than before.
     """
 
-    def __init__(self) -> None:
-        self._waiting: deque[asyncio.Future[None]] = deque()
+    def __init__(self, *, yield_max_s: float = START_YIELD_MAX_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.yield_max_s = yield_max_s
+        self.clock = clock
+        self._waiting: deque[tuple[float, asyncio.Future[None]]] = deque()
         self._taken = False  # a start was let through in this iteration or the last
         self._released = False  # _next let a waiting request through (it starts next iteration)
+        self._screened = False  # an arrival was screened since _next last ran
 
     @property
     def waiting(self) -> int:
         """Requests waiting for their turn."""
         return len(self._waiting)
+
+    def screened(self) -> None:
+        """An arrival was screened (refused or let through) in this iteration: the waiting
+        requests keep yielding to the arrivals for one more iteration."""
+        self._screened = True
 
     async def turn(self) -> None:
         """Return when it is this request's turn to start."""
@@ -226,27 +249,36 @@ class StartGate:
             self._taken = True
             loop.call_soon(self._next)
             return
-        future: asyncio.Future[None] = loop.create_future()
-        self._waiting.append(future)
+        entry = (self.clock(), loop.create_future())
+        self._waiting.append(entry)
         try:
-            await future
+            await entry[1]
         except asyncio.CancelledError:
             with contextlib.suppress(ValueError):
-                self._waiting.remove(future)
+                self._waiting.remove(entry)
             raise
 
     def _next(self) -> None:
-        """The loop's next iteration: the next waiting request's turn, or — after an iteration
-        in which none started — the gate opens (reopened in the iteration the last one starts
-        in, an arrival screened after it would start in the same iteration)."""
+        """The loop's next iteration: the next waiting request's turn — unless an arrival was
+        screened since the last one and it has waited less than ``yield_max_s``, when it looks
+        again in the iteration after — or, after an iteration in which none started, the gate
+        opens (reopened in the iteration the last one starts in, an arrival screened after it
+        would start in the same iteration)."""
         loop = asyncio.get_running_loop()
+        screened, self._screened = self._screened, False
         while self._waiting:
-            future = self._waiting.popleft()
-            if not future.done():
-                future.set_result(None)
-                self._released = True
+            since, future = self._waiting[0]
+            if future.done():
+                self._waiting.popleft()
+                continue
+            if screened and self.clock() - since < self.yield_max_s:
                 loop.call_soon(self._next)
                 return
+            self._waiting.popleft()
+            future.set_result(None)
+            self._released = True
+            loop.call_soon(self._next)
+            return
         if self._released:
             self._released = False
             loop.call_soon(self._next)
@@ -273,6 +305,8 @@ class ArrivalScreen:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = scope.get(BODY_SCOPE_KEY) if scope["type"] == "http" else None
         decided = self.screen(scope, body) if isinstance(body, bytes) else None
+        if decided is not None:
+            self.gate.screened()
         if isinstance(decided, Response):
             await decided(scope, receive, send)
             return
