@@ -210,9 +210,10 @@ class Telemetry:
         )
         self._write(document)
 
-    def request(self, record: RequestRecord) -> None:
-        """The one line for a finished request (metrics chosen by outcome)."""
-        latency_s = self.monotonic() - record.started
+    def request(self, record: RequestRecord, *, ended: float | None = None) -> None:
+        """The one line for a finished request (metrics chosen by outcome); ``ended``: when
+        its answer went out (this clock's; None: now), for a line written after it."""
+        latency_s = (self.monotonic() if ended is None else ended) - record.started
         fields = record.log_fields(latency_s)
         if record.warmup:
             self.log("request", **{k: v for k, v in fields.items() if k != "event"})

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import httpx
+from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from gateway.api.edge import BODY_SCOPE_KEY, ArrivalScreen, StartGate
@@ -253,6 +254,110 @@ def test_a_waiting_start_yields_to_the_screens_for_at_most_the_bound() -> None:
     iteration 2, has waited 1 s in iteration 6 and starts in the next one (7)."""
     assert _starts_beside_screens(screened_iterations=10**9, seconds_per_iteration=0.25) == {
         "a": 2, "b": 7}
+
+
+def _settles_beside_screens(screened_iterations: int, seconds_per_iteration: float, *,
+                            start_waits: bool = False) -> int:
+    """One caller waits in :meth:`StartGate.settled` while an arrival is screened in each of
+    the loop's first ``screened_iterations`` iterations (``start_waits``: and a request waits
+    for its turn to start until then); the iteration it returns in (a clock advancing
+    ``seconds_per_iteration`` an iteration, the gate's settle bound 1 s, its yield bound far
+    longer)."""
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        now = 0.0
+        gate = StartGate(yield_max_s=100.0, settle_max_s=1.0, clock=lambda: now)
+        iteration = 0
+        settled_in: list[int] = []
+
+        def tick() -> None:
+            nonlocal iteration, now
+            iteration += 1
+            now += seconds_per_iteration
+            if iteration <= screened_iterations:
+                gate.screened()
+            if not settled_in:
+                loop.call_soon(tick)
+
+        async def after() -> None:
+            await gate.settled()
+            settled_in.append(iteration)
+
+        tick()
+        tasks = [asyncio.create_task(after())]
+        if start_waits:
+            tasks += [asyncio.create_task(gate.turn()) for _ in range(2)]
+        async with asyncio.timeout(5):
+            await asyncio.gather(*tasks)
+        return settled_in[0]
+
+    return asyncio.run(scenario())
+
+
+def test_what_a_refusal_leaves_for_after_waits_for_the_burst_to_be_screened_and_started(
+) -> None:
+    """A caller of ``settled`` (the task that writes a refusal's log line) asks in the
+    ticker's second iteration. Without screens the gate looks in the third, finds it quiet and
+    the caller returns in the fourth. With an arrival screened in each of the first 20
+    iterations it returns two iterations after the last screen (22); with a request also
+    waiting for its turn to start (let through after the screens), one later (23): the
+    burst's refusals and starts go first."""
+    assert _settles_beside_screens(screened_iterations=0, seconds_per_iteration=0.0) == 4
+    assert _settles_beside_screens(screened_iterations=20, seconds_per_iteration=0.0) == 22
+    assert _settles_beside_screens(screened_iterations=20, seconds_per_iteration=0.0,
+                                   start_waits=True) == 23
+
+
+def test_what_a_refusal_leaves_for_after_waits_for_the_screens_for_at_most_the_bound() -> None:
+    """Arrivals screened in every iteration without end (a flood): the caller waits
+    ``settle_max_s`` and no longer (at 0.25 s an iteration, asking in iteration 2 it has
+    waited 1 s in iteration 6, and returns in the next)."""
+    assert _settles_beside_screens(screened_iterations=10**9, seconds_per_iteration=0.25) == 7
+
+
+def test_a_refusals_log_line_is_written_after_the_refusals_behind_it() -> None:
+    """Through the middleware: eight refusals, one arriving in each loop iteration, each with
+    its log line as the response's background task. Every answer goes out before any line is
+    written (each line about 40 us of the loop in a burst), and every line is written. (The
+    code before wrote each line right after its own answer, before the next refusal.)"""
+
+    async def scenario() -> list[str]:
+        events: list[str] = []
+
+        async def log(path: str) -> None:
+            events.append("logged " + path)
+
+        def screen(scope: dict[str, Any], body: bytes) -> Response:
+            return Response(status_code=429, background=BackgroundTask(log, scope["path"]))
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            raise AssertionError("nothing is let through")
+
+        middleware = ArrivalScreen(app, screen=screen)
+
+        async def request(path: str) -> None:
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    events.append("refused " + path)
+
+            await middleware({"type": "http", "path": path, BODY_SCOPE_KEY: b"{}"},
+                             receive, send)
+
+        tasks = []
+        for index in range(8):
+            tasks.append(asyncio.create_task(request(f"/{index}")))
+            await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            await asyncio.gather(*tasks)
+        return events
+
+    events = asyncio.run(scenario())
+    assert events[:8] == [f"refused /{index}" for index in range(8)]
+    assert sorted(events[8:]) == [f"logged /{index}" for index in range(8)]
 
 
 def test_the_arrival_screen_holds_the_starts_while_it_answers_a_burst() -> None:

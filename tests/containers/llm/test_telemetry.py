@@ -201,6 +201,18 @@ def test_a_refusal_counts_at_the_time_the_caller_waited_for_it() -> None:
     assert "Bucket" not in metric_dimensions(document, "FirstResponseLatency")
 
 
+def test_a_line_written_after_the_answer_counts_the_wait_until_the_answer() -> None:
+    """A refusal's line is written after the burst it came in (gateway.api.edge.StartGate.
+    settled): its latency and first response end when the answer went out (``ended``), not
+    when the line is written (the clock reads 10 s then)."""
+    sink, lines = telemetry()
+    sink.request(RequestRecord(request_id="r", path="/invocations", started=1.0, status=429,
+                               outcome="rejected", bucket="Unsized"), ended=1.5)
+    (document,) = parsed(lines)
+    assert document["latency_ms"] == 500.0
+    assert document["FirstResponseLatency"] == 500.0
+
+
 def test_client_errors_and_warmup_have_no_first_response() -> None:
     sink, lines = telemetry()
     sink.request(RequestRecord(request_id="a", path="/invocations", started=0.0, status=400,

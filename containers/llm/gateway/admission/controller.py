@@ -75,7 +75,8 @@ what was screened in before a request, so theirs is the same refusal, up to the 
 milliseconds by which the valve's rate and the replay's clock move on (0.1 % of a 2 s SLO). A
 burst's refusals then skip the replay, the screen's costliest part (about 50 of the 180 us a
 refusal held the event loop for in a burst of 512 on the H200-shaped simulator;
-docs/design-decisions.md#surge-admission)."""
+docs/design-decisions.md#surge-admission), and say what it said (its backlog, cap and
+Retry-After) without looking at the waiting requests again."""
 NEARLY_IDLE_SHARE = 0.1
 """At most this share of ``max_running`` running (and nothing queued) is "nearly idle": a
 refusal then means the valve's rate, not the load, turned the user away."""
@@ -207,6 +208,9 @@ class _HeldRefusal:
     """The engine's pool then (its capacity is set from outside the controller)."""
     by_turnover: bool
     """The turnover refused it over the valve's cap (counted again for each it stands for)."""
+    rejected: AdmissionRejected
+    """The refusal itself: the ones it stands for say what it said (its backlog, cap and
+    Retry-After, figures of at most :data:`REFUSAL_HOLD_S` ago)."""
 
 
 @dataclass
@@ -336,7 +340,7 @@ class AdmissionController:
         held = self._standing_refusal(now)
         if held is not None:
             self.arrivals.turnover_refusals += held.by_turnover
-            return self._refused(None, round(estimate), now, pending=round(pending))
+            return self._refused_again(held.rejected, now)
         by_valve = valve.admits(estimate, now, unsized=pending) or (
             not self._queue and valve.fits_step(estimate, now, unsized=pending))
         predicted: float | None = None
@@ -356,10 +360,11 @@ class AdmissionController:
             self.pending_count += 1
             self.pending_tokens += estimate
             return ScreenPass(estimate, self)
+        by_turnover = self.arrivals.turnover_refusals > refusals
+        rejected = self._refused(None, round(estimate), now, pending=round(pending))
         self._held = _HeldRefusal(now, self._changes, self.pending_count, pending,
-                                  self.ledger.pool_blocks,
-                                  self.arrivals.turnover_refusals > refusals)
-        return self._refused(None, round(estimate), now, pending=round(pending))
+                                  self.ledger.pool_blocks, by_turnover, rejected)
+        return rejected
 
     def _standing_refusal(self, now: float) -> _HeldRefusal | None:
         """The screen's last refusal if it stands for an arrival now: within
@@ -452,6 +457,26 @@ class AdmissionController:
         """The valve's refusal of ``own`` prompt tokens; ``pending``: the screened-in tokens it
         was decided beside (the screen's; a sized request is decided without them, as they
         arrived after it)."""
+        valve = self.valve
+        while_idle = self._count_refusal(now)
+        rate = valve.rate_now(now)  # one look at the waiting requests for both figures
+        return AdmissionRejected(
+            RefusalReason.TTFT_SLO, bucket, 0.0,
+            retry_after_s=valve.drain_s(own + pending, now, rate=rate),
+            backlog_tokens=valve.backlog + pending, cap_tokens=valve.cap(now, rate=rate),
+            while_idle=while_idle)
+
+    def _refused_again(self, rejected: AdmissionRejected, now: float) -> AdmissionRejected:
+        """The held refusal ``rejected`` again, for an arrival it stands for: counted as a
+        refusal of its own, with its figures."""
+        return AdmissionRejected(
+            rejected.reason, rejected.bucket, 0.0, retry_after_s=rejected.retry_after_s,
+            backlog_tokens=rejected.backlog_tokens, cap_tokens=rejected.cap_tokens,
+            while_idle=self._count_refusal(now))
+
+    def _count_refusal(self, now: float) -> bool:
+        """Count a refusal of the valve's (the valve is told); whether the engine was nearly
+        idle then."""
         arrivals = self.arrivals
         while_idle = self.nearly_idle()
         arrivals.refused_by_valve += 1
@@ -459,11 +484,7 @@ class AdmissionController:
         if while_idle:
             arrivals.refused_while_idle += 1
             arrivals.last_refused_while_idle_at = now
-        return AdmissionRejected(
-            RefusalReason.TTFT_SLO, bucket, 0.0,
-            retry_after_s=self.valve.drain_s(own + pending, now),
-            backlog_tokens=self.valve.backlog + pending, cap_tokens=self.valve.cap(now),
-            while_idle=while_idle)
+        return while_idle
 
     def _ticket(self, request: AdmissionRequest, now: float) -> _Ticket:
         expected = self.lengths.expected(request.max_tokens)

@@ -199,9 +199,10 @@ class PrefillValve:
         second)."""
         return max(MIN_RATE, min(self.rate, self.bound(now)))
 
-    def cap(self, now: float) -> float:
-        """Backlog tokens the engine drains within the target at :meth:`rate_now`."""
-        return self.target_s * self.rate_now(now)
+    def cap(self, now: float, *, rate: float | None = None) -> float:
+        """Backlog tokens the engine drains within the target at :meth:`rate_now` (``rate``:
+        that rate, already looked up at ``now``)."""
+        return self.target_s * (self.rate_now(now) if rate is None else rate)
 
     def admits(self, own: float, now: float, *, unsized: float = 0.0) -> bool:
         """Whether a request with ``own`` prompt tokens may join now: nothing waits (the
@@ -219,9 +220,11 @@ class PrefillValve:
         return (self.backlog + unsized + own <= self.step_tokens
                 and self.bound(now) == math.inf)
 
-    def drain_s(self, own: int, now: float) -> float:
-        """Seconds until a request of ``own`` tokens would fit (the Retry-After)."""
-        return max(0.0, (self.backlog + own) / self.rate_now(now) - self.target_s)
+    def drain_s(self, own: float, now: float, *, rate: float | None = None) -> float:
+        """Seconds until a request of ``own`` tokens would fit (the Retry-After; ``rate`` as
+        in :meth:`cap`)."""
+        rate = self.rate_now(now) if rate is None else rate
+        return max(0.0, (self.backlog + own) / rate - self.target_s)
 
     def _advance(self, now: float) -> None:
         if self._mark is not None and now > self._mark:

@@ -202,6 +202,13 @@ as long as a refusal may take to reach the client (issue 37's 50 ms), 2.5 % of t
 first-token SLO."""
 
 
+SETTLE_MAX_S = 0.5
+"""How long the work a refusal leaves for after its answer (its log line) may wait for the burst
+it came in to be screened and started (:meth:`StartGate.settled`): under an endless flood the
+lines go out in batches this far apart, and a process killed outright loses at most this much
+of them."""
+
+
 class StartGate:
     """Lets the screened requests start — be parsed, validated, rendered and tokenized — one per
     event-loop iteration, in arrival order, and not while a burst is still being screened.
@@ -221,16 +228,23 @@ class StartGate:
     or once it has waited :data:`START_YIELD_MAX_S`: a burst's refusals go first, and its
     admitted requests start when it has been screened, at most that much later. Without a
     burst an iteration has no screen and nothing waits longer than before.
+
+    What a refusal does after its answer (its log line) waits in :meth:`settled` for the
+    screens and the starts (issue 37's thirteenth round).
     """
 
     def __init__(self, *, yield_max_s: float = START_YIELD_MAX_S,
+                 settle_max_s: float = SETTLE_MAX_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.yield_max_s = yield_max_s
+        self.settle_max_s = settle_max_s
         self.clock = clock
         self._waiting: deque[tuple[float, asyncio.Future[None]]] = deque()
         self._taken = False  # a start was let through in this iteration or the last
         self._released = False  # _next let a waiting request through (it starts next iteration)
         self._screened = False  # an arrival was screened since _next last ran
+        self._settling: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self._screened_settle = False  # an arrival was screened since _settle last looked
 
     @property
     def waiting(self) -> int:
@@ -240,7 +254,38 @@ class StartGate:
     def screened(self) -> None:
         """An arrival was screened (refused or let through) in this iteration: the waiting
         requests keep yielding to the arrivals for one more iteration."""
-        self._screened = True
+        self._screened = self._screened_settle = True
+
+    async def settled(self) -> None:
+        """Return once the arrivals are screened and the waiting requests started: in the
+        iteration after one in which no arrival was screened and no request waited for its
+        turn, or once it has waited :attr:`settle_max_s`. What a refusal does after its answer
+        (its log line: about 40 us of the 140 a refusal held the event loop for in a burst of
+        512 on the H200's shape) waits for it, after the refusals behind it and the starts.
+        Without a burst it returns two iterations later (the first look still sees the
+        refusal's own screen)."""
+        loop = asyncio.get_running_loop()
+        entry = (self.clock(), loop.create_future())
+        if not self._settling:
+            loop.call_soon(self._settle)
+        self._settling.append(entry)
+        await entry[1]
+
+    def _settle(self) -> None:
+        """The loop's next iteration: release the ones waiting in :meth:`settled` if it was
+        quiet since the last look, else those that have waited their bound."""
+        quiet = not self._screened_settle and not self._waiting
+        self._screened_settle = False
+        now = self.clock()
+        while self._settling:
+            since, future = self._settling[0]
+            if not (quiet or future.done() or now - since >= self.settle_max_s):
+                break
+            self._settling.popleft()
+            if not future.done():
+                future.set_result(None)
+        if self._settling:
+            asyncio.get_running_loop().call_soon(self._settle)
 
     async def turn(self) -> None:
         """Return when it is this request's turn to start."""
@@ -294,7 +339,9 @@ class ArrivalScreen:
     cut off mid-send) and left it in the scope: parsing, validating, rendering and tokenizing
     the body are the expensive part of a request the gateway is going to refuse anyway, and
     under a burst they hold the event loop that the admitted requests need
-    (docs/design-decisions.md#surge-admission).
+    (docs/design-decisions.md#surge-admission). An answer's background task (a refusal's log
+    line) runs after the answer, once the burst is screened and started
+    (:meth:`StartGate.settled`).
     """
 
     def __init__(self, app: ASGIApp, *, screen: Screen) -> None:
@@ -308,7 +355,11 @@ class ArrivalScreen:
         if decided is not None:
             self.gate.screened()
         if isinstance(decided, Response):
+            after, decided.background = decided.background, None
             await decided(scope, receive, send)
+            if after is not None:  # after the burst's other screens and starts
+                await self.gate.settled()
+                await after()
             return
         if decided is not None:
             try:

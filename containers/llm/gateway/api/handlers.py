@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.types import Scope
 
 import metrics_contract as mc
@@ -179,10 +180,12 @@ class Handlers:
 
     def screen(self, scope: Scope, body: bytes) -> Response | ScreenPass | None:
         """A chat request's answer before it is parsed, if it gets one
-        (:meth:`ChatService.screen`), logged as the request's one line; the valve's pass for a
-        chat request it lets through (it starts in its turn, :class:`~gateway.api.edge.
-        StartGate`); None for anything else (sessions, other paths, warmup), which the app reads
-        at once. The request line is built only for a request answered here."""
+        (:meth:`ChatService.screen`), its one line written by the response's background task
+        (after the answer, once the burst is screened: :class:`~gateway.api.edge.
+        ArrivalScreen`); the valve's pass for a chat request it lets through (it starts in its
+        turn, :class:`~gateway.api.edge.StartGate`); None for anything else (sessions, other
+        paths, warmup), which the app reads at once. The request line is built only for a
+        request answered here."""
         if scope["path"] not in CHAT_PATHS or b'"messages"' not in body:
             return None
         token = self.lifecycle.warmup_token.encode("latin-1")
@@ -197,7 +200,17 @@ class Handlers:
                                stream=STREAM_TRUE.search(body) is not None)
         record.queue_wait_s = 0.0
         record.refused_while_idle = while_idle
-        return self.error_response(record, error)
+        response = error_response(record, error)
+        # its line is written after the answer, once the burst it came in is screened
+        # (gateway.api.edge.ArrivalScreen); its latency ends now
+        response.background = BackgroundTask(self._log_request, record,
+                                             self.telemetry.monotonic())
+        return response
+
+    async def _log_request(self, record: RequestRecord, ended: float) -> None:
+        """The request's line, written after its answer (a coroutine: Starlette would run a
+        plain function in its thread pool)."""
+        self.telemetry.request(record, ended=ended)
 
     def inject_oom(self) -> JSONResponse:
         """Kill the running engine with a simulated OOM (GATEWAY_TEST_MODE only)."""
