@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -202,6 +203,30 @@ def test_no_two_requests_start_in_one_loop_iteration() -> None:
     assert len(set(started.values())) == 5, started
 
 
+class _Ticker:
+    """A callback in every loop iteration (the first run at once): it counts the iterations,
+    advances a clock by ``seconds_per_iteration`` and screens an arrival at ``gate`` in each of
+    the first ``screened_iterations``, until ``until()``."""
+
+    def __init__(self, gate: StartGate, screened_iterations: int,
+                 seconds_per_iteration: float, *, until: Callable[[], bool]) -> None:
+        self.gate = gate
+        self.screened_iterations = screened_iterations
+        self.seconds_per_iteration = seconds_per_iteration
+        self.until = until
+        self.iteration = 0
+        self.now = 0.0
+        self.tick()
+
+    def tick(self) -> None:
+        self.iteration += 1
+        self.now += self.seconds_per_iteration
+        if self.iteration <= self.screened_iterations:
+            self.gate.screened()
+        if not self.until():
+            asyncio.get_running_loop().call_soon(self.tick)
+
+
 def _starts_beside_screens(screened_iterations: int, seconds_per_iteration: float
                            ) -> dict[str, int]:
     """Two requests ask to start at once while an arrival is screened in each of the loop's
@@ -209,26 +234,15 @@ def _starts_beside_screens(screened_iterations: int, seconds_per_iteration: floa
     iteration, the gate's yield bound 1 s): the iteration each starts in."""
 
     async def scenario() -> dict[str, int]:
-        loop = asyncio.get_running_loop()
-        now = 0.0
-        gate = StartGate(yield_max_s=1.0, clock=lambda: now)
-        iteration = 0
         started: dict[str, int] = {}
-
-        def tick() -> None:
-            nonlocal iteration, now
-            iteration += 1
-            now += seconds_per_iteration
-            if iteration <= screened_iterations:
-                gate.screened()
-            if len(started) < 2:
-                loop.call_soon(tick)
+        ticker = _Ticker(StartGate(yield_max_s=1.0, clock=lambda: ticker.now),
+                         screened_iterations, seconds_per_iteration,
+                         until=lambda: len(started) == 2)
 
         async def start(name: str) -> None:
-            await gate.turn()
-            started[name] = iteration
+            await ticker.gate.turn()
+            started[name] = ticker.iteration
 
-        tick()
         tasks = [asyncio.create_task(start(name)) for name in "ab"]
         async with asyncio.timeout(5):  # a gate that never lets one through fails, not hangs
             await asyncio.gather(*tasks)
@@ -265,29 +279,19 @@ def _settles_beside_screens(screened_iterations: int, seconds_per_iteration: flo
     longer)."""
 
     async def scenario() -> int:
-        loop = asyncio.get_running_loop()
-        now = 0.0
-        gate = StartGate(yield_max_s=100.0, settle_max_s=1.0, clock=lambda: now)
-        iteration = 0
         settled_in: list[int] = []
-
-        def tick() -> None:
-            nonlocal iteration, now
-            iteration += 1
-            now += seconds_per_iteration
-            if iteration <= screened_iterations:
-                gate.screened()
-            if not settled_in:
-                loop.call_soon(tick)
+        ticker = _Ticker(StartGate(yield_max_s=100.0, settle_max_s=1.0,
+                                   clock=lambda: ticker.now),
+                         screened_iterations, seconds_per_iteration,
+                         until=lambda: bool(settled_in))
 
         async def after() -> None:
-            await gate.settled()
-            settled_in.append(iteration)
+            await ticker.gate.settled()
+            settled_in.append(ticker.iteration)
 
-        tick()
         tasks = [asyncio.create_task(after())]
         if start_waits:
-            tasks += [asyncio.create_task(gate.turn()) for _ in range(2)]
+            tasks += [asyncio.create_task(ticker.gate.turn()) for _ in range(2)]
         async with asyncio.timeout(5):
             await asyncio.gather(*tasks)
         return settled_in[0]
