@@ -160,19 +160,23 @@ def test_the_turnover_admits_the_next_wave_over_the_valves_cap_and_refuses_the_o
     assert admission.arrivals.refused_by_valve == 10
 
 
-def test_the_turnover_refuses_what_the_cap_admits_when_it_would_miss_the_slo() -> None:
-    """The valve's rate is too high for a burst (50,000 a second: a cap of 70,000 tokens); the
-    turnover refuses what it predicts after the 2 s SLO though the cap has room: the two
-    waves and the third wave's first two (first tokens at 1.965 and 1.99 s; the next at
-    2.015 s)."""
+def test_what_waits_for_room_is_held_to_the_target_whatever_the_cap_says() -> None:
+    """The valve's rate is too high for a burst (50,000 a second: a cap of 70,000 tokens). The
+    first wave starts at once, the cap's to decide; what waits for KV room is the turnover's:
+    the second wave (first tokens at 1.0-1.1 s) is within the 1.4 s target, the third wave's
+    first two (1.965 and 1.99 s) within the SLO but not the target, and they are refused with
+    the rest. A rate is the wrong measure of a wait for room; admitted on it, such requests
+    waited 1.9-3.0 s where the replay said 1.3-1.9 s, at the start of a sustained surge of
+    short chats at 4x on vLLM's CPU build (docs/gateway.md#surges, fourteenth round); held to
+    the SLO alone, the cap admitted 12 here."""
     async def scenario() -> tuple[int, AdmissionController]:
         admission = burst_controller(FakeClock())
         admission.valve.reset(50_000.0)
         return sum(await offer(admission, 30)), admission
 
     admitted, admission = asyncio.run(scenario())
-    assert admitted == 12, admitted
-    assert admission.arrivals.turnover_refusals == 18
+    assert admitted == 10, admitted
+    assert admission.arrivals.turnover_refusals == 20
 
 
 def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_target(

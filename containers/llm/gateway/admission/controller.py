@@ -229,7 +229,8 @@ class ArrivalCounts:
     target (the screen's decisions and the sized ones)."""
     turnover_refusals: int = 0
     """Refused although the valve's cap (or its floor, for a request that waits for room)
-    admitted them: the turnover predicted a first token after the SLO."""
+    admitted them: the turnover predicted a first token after the SLO (after the target, for
+    a request that waits for a sequence or KV room)."""
     last_refused_while_idle_at: float | None = None
 
 
@@ -386,18 +387,20 @@ class AdmissionController:
         :data:`~gateway.admission.valve.LATE_SHARE` of the SLO, if that is higher, when the
         replay dispatched it (and those screened in before it) at once (``at_once``), as its
         prediction is then the prefill ahead of it alone, not a wait for sequences or KV room
-        (:mod:`gateway.admission.turnover`). Where the two differ it is counted in
-        :attr:`arrivals`."""
+        (:mod:`gateway.admission.turnover`). One that waits for a sequence or KV room is the
+        turnover's to decide, the cap's admission included: a rate cannot say when answers end
+        (docs/design-decisions.md#surge-admission, "What waits for room"). Where the two
+        differ it is counted in :attr:`arrivals`."""
         if predicted is None:
             return by_valve
-        if predicted > self.ttft_slo_s:
+        bar = self.valve.target_s
+        if at_once:  # never below the target (which the ran-dry rule can raise above it)
+            bar = max(bar, LATE_SHARE * self.ttft_slo_s)
+        if predicted > self.ttft_slo_s or (by_valve and not at_once and predicted > bar):
             self.arrivals.turnover_refusals += by_valve
             return False
         if by_valve:
             return True
-        bar = self.valve.target_s
-        if at_once:  # never below the target (which the ran-dry rule can raise above it)
-            bar = max(bar, LATE_SHARE * self.ttft_slo_s)
         if predicted <= bar:
             self.arrivals.turnover_admits += 1
             return True
