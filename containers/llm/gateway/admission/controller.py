@@ -396,15 +396,12 @@ class AdmissionController:
         bar = self.valve.target_s
         if at_once:  # never below the target (which the ran-dry rule can raise above it)
             bar = max(bar, LATE_SHARE * self.ttft_slo_s)
-        if predicted > self.ttft_slo_s or (by_valve and not at_once and predicted > bar):
+        if predicted > self.ttft_slo_s or (not at_once and predicted > bar):
             self.arrivals.turnover_refusals += by_valve
             return False
-        if by_valve:
-            return True
-        if predicted <= bar:
+        if not by_valve and predicted <= bar:
             self.arrivals.turnover_admits += 1
-            return True
-        return False
+        return by_valve or predicted <= bar
 
     def _predicted_wait(self, waiting: list[Candidate], now: float, arrived_at: float
                         ) -> tuple[float | None, bool]:
