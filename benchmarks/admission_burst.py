@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import statistics
 import sys
 import time
@@ -69,11 +68,6 @@ NO_CAP_SHARE = 0.95
 """The gateway's answers within the SLO against vLLM's without a cap, at least."""
 REFUSAL_TARGET_UP_TO = 8.0
 """The refusal-time target holds for bursts up to this multiple."""
-MARGINS_MS = (100.0, 200.0)
-"""The near-the-SLO table also counts each server's answers whose first token came this much
-before the SLO: what an admission that decides on arrival, and must be sure its admitted
-requests start within the SLO, could have kept of them had it known each start to within that
-much (docs/gateway.md#surges, "How near the SLO")."""
 
 
 @dataclass
@@ -259,21 +253,20 @@ def _starts(burst: Burst) -> list[float]:
 
 
 def near_slo_line(size: int, name: str, bursts: Sequence[Burst], slo_ms: float) -> str:
-    """How near the SLO a server's starts came, the medians over the rounds: its answers within
-    the SLO and within each margin before it (:data:`MARGINS_MS`), its last start within the SLO
-    and its first after it."""
-    starts = [_starts(b) for b in bursts]
-    within = [common.median([sum(1 for t in s if t <= slo_ms - margin) for s in starts])
-              for margin in (0.0, *MARGINS_MS)]
-    last = common.median([max((t for t in s if t <= slo_ms), default=math.nan) for s in starts])
-    after = common.median([min((t for t in s if t > slo_ms), default=math.nan) for s in starts])
+    """How near the SLO a server's starts came (:func:`admission_common.near_slo`), the
+    medians over the rounds."""
+    near = [common.near_slo(_starts(b), slo_ms) for b in bursts]
+    within = [common.median([n.within[index] for n in near])
+              for index in range(len(near[0].within))]
+    last = common.median([n.last_within_ms for n in near])
+    after = common.median([n.first_after_ms for n in near])
     return (f"| {size} | {name} | {' / '.join(f'{n:g}' for n in within)} | {cell(last)} | "
             f"{cell(after)} |")
 
 
 def near_slo(results: Results, sizes: Mapping[float, int], slo_ms: float) -> str:
     """The near-the-SLO table (:func:`near_slo_line` for each burst and server)."""
-    margins = " / ".join(f"SLO − {margin:g} ms" for margin in MARGINS_MS)
+    margins = " / ".join(f"SLO − {margin:g} ms" for margin in common.NEAR_SLO_MARGINS_MS)
     lines = [f"| burst | server | answers started within the SLO / {margins} | last start "
              "within the SLO, ms | first start after it, ms |", "|---:|---|---|---:|---:|"]
     for multiple, by_server in results.items():

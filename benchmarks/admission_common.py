@@ -393,6 +393,33 @@ def figures(outcomes: Sequence[Outcome], slo_ms: float, *, from_sending: bool = 
                    refusal_max_ms=max(refusals, default=math.nan))
 
 
+NEAR_SLO_MARGINS_MS = (100.0, 200.0)
+"""How far before the SLO a burst's starts are also counted (:func:`near_slo`)."""
+
+
+@dataclass(frozen=True)
+class NearSlo:
+    """How near the SLO a burst's starts came (:func:`near_slo`)."""
+
+    within: tuple[int, ...]
+    """Starts within the SLO, then within each of :data:`NEAR_SLO_MARGINS_MS` before it."""
+    last_within_ms: float
+    """The last start within the SLO (NaN: none)."""
+    first_after_ms: float
+    """The first start after it (NaN: none)."""
+
+
+def near_slo(starts_ms: Sequence[float], slo_ms: float) -> NearSlo:
+    """How near the SLO the first tokens ``starts_ms`` came: an admission that decides on
+    arrival, and must be sure that what it admits starts within the SLO, keeps at most the
+    starts within its own error of it (docs/gateway.md#surges, "Fifteenth round")."""
+    return NearSlo(
+        within=tuple(sum(1 for t in starts_ms if t <= slo_ms - margin)
+                     for margin in (0.0, *NEAR_SLO_MARGINS_MS)),
+        last_within_ms=max((t for t in starts_ms if t <= slo_ms), default=math.nan),
+        first_after_ms=min((t for t in starts_ms if t > slo_ms), default=math.nan))
+
+
 def median(values: Sequence[float]) -> float:
     """The median of the values that are not NaN (NaN when none is)."""
     known = [value for value in values if not math.isnan(value)]

@@ -155,8 +155,11 @@ x = pathlib.Path(sys.argv[1]); parts = []
 for line in (x / "starts.txt").read_text().splitlines() if (x / "starts.txt").exists() else []:
     parts.append(line)
 def line(name, r):
+    near = r.get("near_slo")
+    starts = (" started within the SLO / 100 / 200 ms before it "
+              + " / ".join(str(n) for n in near["within"]) if near else "")
     return (f"{name} good {r['good']}/{r['sent']} admitted {r['admitted']} p99 {r['ttft_p99_ms']:.0f} ms"
-            f" refusal p99 {r['refusal_p99_ms']:.0f} ms")
+            f" refusal p99 {r['refusal_p99_ms']:.0f} ms{starts}")
 for f in sorted(x.glob("surge-*.json")):
     r = json.loads(f.read_text())
     runs = [line(name, r[name]) for name in ("surge", "burst") if name in r]

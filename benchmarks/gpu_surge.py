@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.burst:
         time.sleep(3.0)  # the last answers (the closed loop's or the surge's) drain
         outcomes = asyncio.run(burst(args.url, args.path, args.burst, 30_000_000))
-        result["burst"] = {"size": args.burst, **summary(outcomes, slo_ms)}
+        starts = [o.ttft_ms for o in outcomes if o.status == 200 and not o.fallback]
+        result["burst"] = {"size": args.burst, **summary(outcomes, slo_ms),
+                           "near_slo": asdict(common.near_slo(starts, slo_ms))}
         print(f"[{args.label}] burst {args.burst}: {json.dumps(result['burst'])}",
               file=sys.stderr, flush=True)
     return result
