@@ -179,38 +179,6 @@ def test_what_waits_for_room_is_held_to_the_target_whatever_the_cap_says() -> No
     assert admission.arrivals.turnover_refusals == 20
 
 
-def test_the_floor_holds_what_waits_for_room_to_the_target_as_the_screen_does() -> None:
-    """Six answers fill the pool with 60 tokens left each at 25 ms a token, every one past its
-    first token, so nothing waits for a first token (the valve's floor). A request that was not
-    screened (a prompt more than twice the usual) must wait for two of them to end: its first
-    token at about 1.5 s, within the SLO but after the 1.4 s target, and it is refused, as the
-    arrival screen and the valve's other admissions refuse such a wait (docs/design-decisions.md
-    #surge-admission, "What waits for room"). The floor held it to the SLO alone and admitted it;
-    that was the one wait for room the target did not decide (issue 37, fifteenth round). With
-    25 tokens left (0.65 s) it is admitted."""
-    async def scenario(tokens: int) -> bool:
-        clock = FakeClock()
-        admission = AdmissionController(
-            AdmissionLedger(KvCapacity(100, 16), watermark=0.9,
-                            bucket_caps=dict.fromkeys(("S", "M", "L", "XL"), 64)),
-            ttft_slo_s=2.0, max_running=64, clock=clock, prior_rate=1000.0)
-        admission.prefill.reset(RATE)
-        admission.decode.answer(63 * 0.025, 64)
-        for _ in range(30):
-            admission.lengths.observe(64, capped=False)
-        running = [await admission.acquire(SHORT, max_wait_s=5.0, by_valve=False)
-                   for _ in range(6)]  # 96 of the 100 blocks: the next one waits for room
-        for _ in range(tokens):
-            clock.now += 0.025
-            for reservation in running:
-                admission.progress(reservation, 1)
-        assert admission.valve.waiting == 0
-        return (await offer(admission, 1))[0]
-
-    assert not asyncio.run(scenario(4))
-    assert asyncio.run(scenario(39))
-
-
 def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_target(
 ) -> None:
     """Eighty requests at once on an idle engine with 64 sequences and room for all of them,

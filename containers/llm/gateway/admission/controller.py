@@ -388,9 +388,9 @@ class AdmissionController:
         replay dispatched it (and those screened in before it) at once (``at_once``), as its
         prediction is then the prefill ahead of it alone, not a wait for sequences or KV room
         (:mod:`gateway.admission.turnover`). One that waits for a sequence or KV room is the
-        turnover's to decide, the cap's and the floor's admission included: a rate cannot say
-        when answers end (docs/design-decisions.md#surge-admission, "What waits for room").
-        Where the two differ it is counted in :attr:`arrivals`."""
+        turnover's to decide, the cap's admission included: a rate cannot say when answers end
+        (docs/design-decisions.md#surge-admission, "What waits for room"). Where the two
+        differ it is counted in :attr:`arrivals`."""
         if predicted is None:
             return by_valve
         bar = self.valve.target_s
@@ -561,9 +561,10 @@ class AdmissionController:
         own = request.prompt_tokens
         candidate = [ticket.candidate(self.ledger.capacity.block_size)]
         if valve.waiting == 0:  # the floor: nothing waits, so its first token teaches the rate
-            if not self._takes_at_once(ticket):  # one that waits for room is the turnover's
+            if not self._takes_at_once(ticket):  # unless it waits for room past the SLO
                 predicted, _ = self._predicted_wait(candidate, now, ticket.arrived_at)
-                if not self._turnover_decides(True, predicted, False):
+                if predicted is not None and predicted > self.ttft_slo_s:
+                    self.arrivals.turnover_refusals += 1
                     raise self._refused(request.bucket, own, now)
             ticket.floor = own > valve.cap(now)
             self.arrivals.floor_admits += ticket.floor
