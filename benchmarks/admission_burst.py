@@ -253,8 +253,8 @@ def _starts(burst: Burst) -> list[float]:
 
 
 def near_slo_line(size: int, name: str, bursts: Sequence[Burst], slo_ms: float) -> str:
-    """How near the SLO a server's starts came (:func:`admission_common.near_slo`), the
-    medians over the rounds."""
+    """One row of :func:`near_slo_table`: how near the SLO a server's starts came
+    (:func:`admission_common.near_slo`), the medians over the rounds."""
     near = [common.near_slo(_starts(b), slo_ms) for b in bursts]
     within = [common.median([n.within[index] for n in near])
               for index in range(len(near[0].within))]
@@ -264,7 +264,7 @@ def near_slo_line(size: int, name: str, bursts: Sequence[Burst], slo_ms: float) 
             f"{cell(after)} |")
 
 
-def near_slo(results: Results, sizes: Mapping[float, int], slo_ms: float) -> str:
+def near_slo_table(results: Results, sizes: Mapping[float, int], slo_ms: float) -> str:
     """The near-the-SLO table (:func:`near_slo_line` for each burst and server)."""
     margins = " / ".join(f"SLO − {margin:g} ms" for margin in common.NEAR_SLO_MARGINS_MS)
     lines = [f"| burst | server | answers started within the SLO / {margins} | last start "
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     print("\nHow near the SLO each server's starts came (medians over the rounds; an admission "
           "deciding on arrival keeps at most the answers within its own error of the SLO):\n")
-    print(near_slo(results, sizes, args.slo_s * 1000))
+    print(near_slo_table(results, sizes, args.slo_s * 1000))
     print("\ntargets:" if found else "\ntargets: not evaluated (no gateway)")
     for text, met in found:
         print(f"* {'met' if met else 'MISSED'}: {text}")
