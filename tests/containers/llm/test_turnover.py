@@ -61,6 +61,20 @@ def test_a_burst_waits_in_steps_two_waves_within_the_slo_and_not_three() -> None
     assert eleventh - tenth > 0.5
 
 
+def test_a_wave_that_waited_for_room_decodes_after_the_prefill_of_those_after_it() -> None:
+    """Requests 6-10 wait for the first wave's answers and are prefilled one after another; the
+    engine's steps prefill them while the answers already started wait (a step that prefills
+    takes as long as its prompts), so the sixth's answer ends 4 × 25 ms later than its own
+    first token and 63 steps say, and the eleventh, waiting for it, starts that much later
+    (sixteenth round: the replay put the third wave of a sustained surge at 1.33-1.49 s, and
+    it started at 2.2-2.5 s). The first wave, dispatched at once, is not stalled this way: a
+    burst's second wave is predicted as before."""
+    sixth_first = 250 / RATE + 63 * STEP_S + 250 / RATE
+    assert replay(wave(6)) == pytest.approx(sixth_first)
+    sixth_ends = sixth_first + 63 * STEP_S + 4 * 250 / RATE
+    assert replay(wave(11)) == pytest.approx(sixth_ends + 250 / RATE)
+
+
 def test_running_answers_end_after_what_they_have_left() -> None:
     """A running request with 10 tokens left frees its 20 blocks after 10 steps; one still in
     prefill first drains its prompt, then decodes all of its output."""
