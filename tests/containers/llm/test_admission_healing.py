@@ -134,7 +134,9 @@ CASES = [Case(k, background, rate) for k in (1 / 64, 1 / 16, 1 / 4, 4, 16, 64)
 
 async def heal(case: Case) -> tuple[float | None, int]:
     """Seconds until the learned rate came within HEALED_WITHIN of the truth for good (None:
-    never within the run), and the windows it took."""
+    never within the run), and the windows it took to come within it the first time (what
+    design-decisions' bound describes; a window that later measured an engine starved of CPU
+    and took the rate out again costs time, which the first figure counts)."""
     loop = asyncio.get_running_loop()
     truth = true_rate(case.background)
     admission = controller(truth * case.k)
@@ -148,14 +150,16 @@ async def heal(case: Case) -> tuple[float | None, int]:
     admission.learning = True
     start = loop.time()
     healed_at: float | None = None
-    windows = 0
+    windows: int | None = None
 
     async def watch() -> None:
         nonlocal healed_at, windows
         while True:
             within = abs(math.log(admission.valve.rate / truth)) <= math.log(HEALED_WITHIN)
             if within and healed_at is None:
-                healed_at, windows = loop.time() - start, admission.valve.windows
+                healed_at = loop.time() - start
+                if windows is None:
+                    windows = admission.valve.windows
             elif not within:
                 healed_at = None
             await asyncio.sleep(0.02)
@@ -166,7 +170,7 @@ async def heal(case: Case) -> tuple[float | None, int]:
     watcher.cancel()
     for reservation in held:
         admission.release(reservation)
-    return healed_at, windows
+    return healed_at, -1 if windows is None else windows
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +199,13 @@ def test_a_wrong_rate_heals_within_fifteen_seconds_both_ways_on_the_real_clock(
     print("\n".join(report))
     for case, (at, windows) in zip(CASES, results, strict=True):
         assert at is not None and at <= HEAL_LIMIT_S, report
-        # Each window that measures the engine as it is moves the error by DRAIN_WEIGHT; beside
-        # the rest of the suite a window can also measure an engine starved of CPU (9 windows,
-        # 5.2 s, for 64x at 4/s in one `make test` run): twice the bound, the time is the rule.
-        assert windows <= 2 * windows_to_heal(max(case.k, 1 / case.k)), report
+        # Each window that measures the engine as it is moves the error by DRAIN_WEIGHT. Beside
+        # the rest of the suite a window can also measure an engine starved of CPU (9 windows
+        # to come within 2x, 5.2 s, for 64x at 4/s in one `make test` run; in another, on a
+        # slower machine, two starved stretches took the rate out of the band again and back,
+        # 22 windows and 11.0 s in all): twice the bound for the first approach, and the time
+        # (above) for staying there.
+        assert 0 <= windows <= 2 * windows_to_heal(max(case.k, 1 / case.k)), report
     assert [windows_to_heal(k) for k in (4, 16, 64)] == [2, 4, 5]
 
 
