@@ -69,6 +69,39 @@ def test_a_burst_beyond_the_pool_is_served_within_the_slo_and_the_rest_refused_a
         assert line["queue_wait_ms"] + line["ttft_ms"] <= 1200 + 300
 
 
+def test_a_fresh_gateways_first_burst_admits_only_what_starts_within_the_slo(
+        start_gateway: Any, chat_tokenizer: ChatTokenizer) -> None:
+    """The burst above, as the first traffic a fresh gateway sees (an instance added in a
+    surge): warmup's answers taught the engine's decode step (their lengths teach nothing), so
+    the KV turnover already knows that the requests behind the first wave wait for room past
+    the SLO, and refuses them on arrival (4 admitted, first tokens by 0.56 s, 6 refused).
+    Warmup's answers once taught neither: no decode step, no replay, and the valve alone
+    admitted all ten; eight waited for room, four of them past 1.5 s (the last 2.19 s)."""
+    gateway: GatewayProcess = start_gateway({
+        "ENGINE_MAX_MODEL_LEN": "1024", "ENGINE_NUM_GPU_BLOCKS": "80",
+        "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",
+        "GATEWAY_TTFT_SLO_S": "1.2", "GATEWAY_RETRY_AFTER_S": "1",
+    })
+    gateway.wait_ready()
+    assert gateway.ping().json()["admission"]["decode_step_ms"] is not None
+
+    async def burst() -> list[httpx.Response]:
+        bodies = [{"messages": long_messages(chat_tokenizer, 7, seed), "max_tokens": 100}
+                  for seed in range(10)]
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as client:
+            return list(await asyncio.gather(*(client.post("/invocations", json=body)
+                                               for body in bodies)))
+
+    before = len(gateway.lines())
+    statuses = sorted(response.status_code for response in asyncio.run(burst()))
+    assert set(statuses) == {200, 429}, statuses
+    served = [line for line in gateway.lines()[before:]
+              if line.get("event") == "request" and line["status"] == 200]
+    assert served and len(served) == statuses.count(200)
+    for line in served:
+        assert line["queue_wait_ms"] + line["ttft_ms"] <= 1200 + 300, served
+
+
 def test_no_request_outlives_the_deadline(start_gateway: Any) -> None:
     gateway: GatewayProcess = start_gateway({
         "SIM_STEP_TIME_S": "0.005", "SIM_EOS_PROBABILITY": "0",

@@ -681,12 +681,16 @@ class AdmissionController:
             ticket.held_blocks = held
 
     def release(self, reservation: KvReservation, *, completion_tokens: int | None = None,
-                capped: bool = False) -> None:
+                capped: bool = False, warmup: bool = False) -> None:
         """Free what a request holds (its blocks at dispatch and what its answer grew into) and
-        its slot; learn the answer's length (``completion_tokens`` of a real answer over all its
-        choices, as its usage counts them; ``capped`` when ``max_tokens`` cut one of them): each
-        of its ``n`` choices is one answer of ``completion_tokens / n`` tokens. Dispatch what now
-        fits."""
+        its slot; learn the engine's decode step from an answer that ended
+        (``completion_tokens``: over all its choices, as its usage counts them; None: it did
+        not end as an answer) and, unless it was ``warmup``'s, the answer's length (``capped``
+        when ``max_tokens`` cut one of them): each of its ``n`` choices is one answer of
+        ``completion_tokens / n`` tokens. A warmup answer's pace is the engine's like any
+        other's — without it a fresh engine's first burst found no decode step and the turnover
+        could not say that a request waits for room past the SLO — but its length is short on
+        purpose. Dispatch what now fits."""
         self._changes += 1
         ticket = self._running.pop(reservation.ticket, None)
         grown = max(0, ticket.held_blocks - reservation.blocks) if ticket is not None else 0
@@ -705,7 +709,8 @@ class AdmissionController:
                     and ticket.learn and self.learning):
                 self.decode.answer(now - ticket.first_token_at,
                                    ticket.produced // ticket.request.sequences)
-        if ticket is not None and completion_tokens is not None and ticket.produced > 0:
+        if (ticket is not None and completion_tokens is not None and ticket.produced > 0
+                and not warmup):
             sequences = ticket.request.sequences
             per_choice = math.ceil(completion_tokens / sequences)
             for _ in range(sequences):

@@ -544,13 +544,15 @@ class ChatService:
             yield self._fallback(record, "engine_error", str(error), prepared.language)
         finally:
             timer.cancel()
-            # Real answers teach admission how long answers are (warmup's are short on purpose).
+            # An answer that ended teaches admission the engine's decode step, and a real one
+            # how long answers are (warmup's are short on purpose).
             answered = (record.finish_reason in ("stop", "length") and not deadline_hit
-                        and record.outcome != "fallback" and not record.warmup)
+                        and record.outcome != "fallback")
             # completion_tokens counts every choice; admission learns each choice's length.
             self.admission.release(admission.reservation,
                                    completion_tokens=record.completion_tokens if answered else None,
-                                   capped="length" in finish_reasons.values())
+                                   capped="length" in finish_reasons.values(),
+                                   warmup=record.warmup)
 
     def _on_delta(self, delta: GenerationDelta, record: RequestRecord, admission: Admission,
                   finish_reasons: dict[int, str]) -> TextEvent | None:
