@@ -59,7 +59,8 @@ class GatewayRuntime:
         self.admission = AdmissionController(
             AdmissionLedger.awaiting_engine(settings.engine.block_size,
                                             watermark=gateway.admission_watermark,
-                                            bucket_caps=gateway.buckets.caps),
+                                            bucket_caps=gateway.buckets.caps,
+                                            bounds=gateway.buckets.bounds),
             ttft_slo_s=gateway.ttft_slo_s, max_running=settings.engine.max_num_seqs,
             clock=clock, step_tokens=settings.engine.max_num_batched_tokens,
         )

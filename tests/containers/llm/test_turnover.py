@@ -14,12 +14,14 @@ from gateway.admission import (
     AdmissionLedger,
     AdmissionRejected,
     AdmissionRequest,
+    LengthBucket,
     ScreenPass,
     turnover,
 )
-from gateway.admission.turnover import Candidate, DecodeStep, Holder, PrefillCost
+from gateway.admission.turnover import Candidate, DecodeStep, Holder, PrefillCost, slot_free_at
 from gateway.engines.base import KvCapacity
-from tests.containers.llm.test_admission import FakeClock, ledger, request
+from request_buckets import bucket_bounds
+from tests.containers.llm.test_admission import FakeClock, request
 
 STEP_S = 0.01
 RATE = 10_000.0
@@ -126,6 +128,13 @@ def test_the_decode_step_is_whole_answers_and_a_stall_counts() -> None:
 SHORT = AdmissionRequest(bucket=request(300).bucket, prompt_tokens=250, max_tokens=64)
 
 
+def ledger(blocks: int) -> AdmissionLedger:
+    """A pool of ``blocks`` of 16 whose buckets' caps never bind: the pool and the sequences
+    are what these requests wait for."""
+    return AdmissionLedger(KvCapacity(blocks, 16), watermark=0.9,
+                           bucket_caps=dict.fromkeys(("S", "M", "L", "XL"), 1000))
+
+
 def burst_controller(clock: FakeClock, *, blocks: int = 100, prefill_rate: float = RATE,
                      step_tokens: int = 0) -> AdmissionController:
     """A pool of 100 blocks of 16 (five 250-token requests at their end), an engine that
@@ -160,37 +169,39 @@ async def offer(admission: AdmissionController, count: int) -> list[bool]:
 
 
 def test_the_turnover_admits_the_next_wave_over_the_valves_cap_and_refuses_the_one_after() -> None:
-    """Twenty requests at once on an idle engine: the valve's cap takes five; the turnover
-    predicts the second wave's first tokens at 1.0-1.1 s (the first wave's answers end at
-    0.97-1.07 s), within the 1.4 s target, and admits it over the cap; the third wave's would
-    come near 2 s, and it is refused."""
+    """Twenty requests at once on an idle engine: the valve's cap takes five, and the engine
+    six (their prompts fit the pool beside each other; the replay counts five at their end);
+    the turnover predicts the second wave's first tokens at 1.0-1.1 s (the first wave's answers
+    end at 0.97-1.07 s), within the 1.4 s target, and admits the sixth and the second wave over
+    the cap; the third wave's would come at 2.09 s, and it is refused."""
     async def scenario() -> tuple[list[bool], AdmissionController]:
         admission = burst_controller(FakeClock())
         return await offer(admission, 20), admission
 
     outcomes, admission = asyncio.run(scenario())
-    assert outcomes == [True] * 10 + [False] * 10, outcomes
-    assert admission.arrivals.turnover_admits == 5  # the second wave, over the cap
-    assert admission.arrivals.refused_by_valve == 10
+    assert outcomes == [True] * 11 + [False] * 9, outcomes
+    assert admission.arrivals.turnover_admits == 6  # the sixth and the second wave, over the cap
+    assert admission.arrivals.refused_by_valve == 9
 
 
 def test_what_waits_for_room_is_held_to_the_target_whatever_the_cap_says() -> None:
-    """The valve's rate is too high for a burst (50,000 a second: a cap of 70,000 tokens). The
-    first wave starts at once, the cap's to decide; what waits for KV room is the turnover's:
-    the second wave (first tokens at 1.0-1.1 s) is within the 1.4 s target, the third wave's
-    first two (1.965 and 1.99 s) within the SLO but not the target, and they are refused with
-    the rest. A rate is the wrong measure of a wait for room; admitted on it, such requests
+    """The valve's rate is too high for a burst (50,000 a second: a cap of 70,000 tokens), and
+    answers take 13 ms a token. The first wave starts at once, the cap's to decide; what waits
+    for KV room is the turnover's: the second wave (first tokens at 0.87-0.99 s) is within the
+    1.4 s target, the third wave's (1.84 s) within the SLO but not the target, and it is
+    refused. A rate is the wrong measure of a wait for room; admitted on it, such requests
     waited 1.9-3.0 s where the replay said 1.3-1.9 s, at the start of a sustained surge of
-    short chats at 4x on vLLM's CPU build (docs/gateway.md#surges, fourteenth round); held to
-    the SLO alone, the cap admitted 12 here."""
+    short chats at 4x on vLLM's CPU build (docs/gateway.md#surges, fourteenth round)."""
     async def scenario() -> tuple[int, AdmissionController]:
         admission = burst_controller(FakeClock())
         admission.valve.reset(50_000.0)
+        admission.decode.reset()
+        admission.decode.answer(63 * 0.013, 64)
         return sum(await offer(admission, 30)), admission
 
     admitted, admission = asyncio.run(scenario())
-    assert admitted == 10, admitted
-    assert admission.arrivals.turnover_refusals == 20
+    assert admitted == 11, admitted
+    assert admission.arrivals.turnover_refusals == 19
 
 
 def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_target(
@@ -435,3 +446,65 @@ def test_before_any_answer_ends_the_running_answers_pace_says_a_sequence_is_seco
     full, freed = asyncio.run(scenario())
     assert full == [False, False, False]
     assert freed == [True]
+
+
+def test_a_bucket_at_its_cap_frees_a_slot_when_one_of_its_answers_ends() -> None:
+    """A bucket capped at two, its two running answers ending at 1.0 and 2.0 s: the first of
+    three waiting takes a slot at 1.0 s and holds it for its prefill and answer (0.1 + 0.1 s),
+    the second takes that slot again when it ends, at 1.2 s, and the third when the second
+    ends, at 1.4 s (before the other running answer at 2.0 s); a bucket with a free slot is
+    free at once."""
+    def waiting(count: int) -> list[Candidate]:
+        return [Candidate(blocks=1, end_blocks=1, sequences=1, prompt_tokens=1000, output=11)
+                for _ in range(count)]
+
+    def slot(count: int, cap: int = 2) -> float:
+        return slot_free_at(0.0, running_ends=[2.0, 1.0], queued=waiting(count), cap=cap,
+                            step_s=0.01, prefill_rate=RATE)
+
+    assert slot(1) == pytest.approx(1.0)
+    assert slot(2) == pytest.approx(1.2)
+    assert slot(3) == pytest.approx(1.4)
+    assert slot(1, cap=3) == 0.0
+    with pytest.raises(ValueError, match="cap"):
+        slot(1, cap=0)
+
+
+def test_a_request_whose_bucket_is_at_its_cap_waits_for_a_slot_not_for_the_pool() -> None:
+    """XL capped at two on a pool with room for many more: two 3,000-token XL requests run
+    (prefilled by 0.3 and 0.6 s, answers of 64 tokens at 15 ms). A third XL waits for the first
+    one's slot, 1.245 s, and its own prefill: 1.545 s, past the 1.4 s target — refused, sized
+    or screened (the screen counts an unsized request in the bucket of the usual request). A
+    short request beside them starts at once. The replay saw room in the pool and sequences
+    free and admitted the third, the screen's too: in a burst of 64 long requests on the CPU
+    build (XL capped at eight) the ninth and tenth admitted waited 2.3 and 5.2 s for a slot."""
+    clock = FakeClock()
+    caps = {"S": 64, "M": 64, "L": 64, "XL": 2}
+    xl = AdmissionRequest(bucket=LengthBucket.XL, prompt_tokens=3000, max_tokens=64)
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        admission = AdmissionController(
+            AdmissionLedger(KvCapacity(10_000, 16), watermark=0.9, bucket_caps=caps,
+                            bounds=bucket_bounds(4096)),
+            ttft_slo_s=2.0, max_running=64, clock=clock)
+        admission.prefill.reset(RATE)
+        admission.decode.answer(63 * 0.015, 64)
+        for _ in range(30):
+            admission.lengths.observe(64, capped=False)
+        admission.valve.reset(100_000.0)  # its cap takes every one of them
+        for _ in range(2):
+            await admission.acquire(xl, max_wait_s=1.0)
+        third = await offer_one(admission, xl)
+        short = await offer_one(admission, SHORT)
+        screened = admission.screen(200)
+        return third, short, isinstance(screened, ScreenPass)
+
+    third, short, screened = asyncio.run(scenario())
+    assert (third, short, screened) == (False, True, False)
+
+
+async def offer_one(admission: AdmissionController, asked: AdmissionRequest) -> bool:
+    """Whether ``asked`` is admitted (dispatched or queued) rather than refused on arrival."""
+    task = asyncio.ensure_future(admission.acquire(asked, max_wait_s=5.0))
+    await asyncio.sleep(0)
+    return not (task.done() and isinstance(task.exception(), AdmissionRejected))

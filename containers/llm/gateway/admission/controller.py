@@ -43,7 +43,9 @@ from gateway.admission.turnover import (
     DecodeStep,
     Holder,
     PrefillCost,
+    holder_ends,
     replay,
+    slot_free_at,
     step_so_far,
 )
 from gateway.admission.valve import (
@@ -277,6 +279,9 @@ class AdmissionController:
         self.output_mean: float | None = None
         """The same mean of the output tokens per choice the admitted requests were expected to
         generate: what a screened request's answer counts as in the turnover's replay."""
+        self.reserved_mean: float | None = None
+        """The same mean of what the admitted requests reserve (prompt + ``max_tokens``): the
+        length bucket a screened request counts in, for its bucket's cap."""
         self._ids = itertools.count(1)
         self._queue: deque[_Ticket] = deque()
         self._running: dict[int, _Ticket] = {}
@@ -354,8 +359,10 @@ class AdmissionController:
                                     round(estimate + self.output_mean), block_size),
                                 sequences=1, prompt_tokens=round(estimate),
                                 output=round(self.output_mean))
+            bucket = (None if self.reserved_mean is None
+                      else self.ledger.bucket_of(self.reserved_mean))
             predicted, at_once = self._predicted_wait([unsized] * (self.pending_count + 1), now,
-                                                      now)
+                                                      now, bucket=bucket)
         refusals = self.arrivals.turnover_refusals
         if self._turnover_decides(by_valve, predicted, at_once):
             self.pending_count += 1
@@ -403,13 +410,16 @@ class AdmissionController:
             self.arrivals.turnover_admits += 1
         return by_valve or predicted <= bar
 
-    def _predicted_wait(self, waiting: list[Candidate], now: float, arrived_at: float
-                        ) -> tuple[float | None, bool]:
+    def _predicted_wait(self, waiting: list[Candidate], now: float, arrived_at: float, *,
+                        bucket: LengthBucket | None = None) -> tuple[float | None, bool]:
         """Seconds from ``arrived_at`` until the last of ``waiting``, after the requests queued
-        for dispatch, would have its first token by the turnover's replay; None before the
-        engine's decode step is known (no answer has ended, and none running has shown its pace:
+        for dispatch, would have its first token by the turnover's replay, and whether every one
+        of ``waiting`` is dispatched at once; None before the engine's decode step is known (no
+        answer has ended, and none running has shown its pace:
         :func:`~gateway.admission.turnover.step_so_far`), and before an engine reported its
-        pool."""
+        pool. ``bucket``: the length bucket of ``waiting`` (None: not known), whose cap can make
+        them wait for a slot where the pool has room
+        (:func:`~gateway.admission.turnover.slot_free_at`)."""
         ledger = self.ledger
         block_size = ledger.capacity.block_size
         running = [ticket.holder(block_size) for ticket in self._running.values()]
@@ -421,12 +431,26 @@ class AdmissionController:
                                      if ticket.first_token_at is not None and ticket.learn))
         if step is None or not ledger.pool_blocks:
             return None, False
-        queued = [ticket.candidate(block_size) for ticket in self._queue
-                  if ticket.future is None or not ticket.future.done()]
+        tickets = [ticket for ticket in self._queue
+                   if ticket.future is None or not ticket.future.done()]
+        queued = [ticket.candidate(block_size) for ticket in tickets]
+        rate = self.prefill_rate(step, now)
         predicted, at_once = replay(now, running=running, queued=queued + waiting,
                                     pool_blocks=ledger.pool_blocks,
                                     max_running=self.max_running, step_s=step,
-                                    prefill_rate=self.prefill_rate(step, now))
+                                    prefill_rate=rate)
+        if bucket is not None:
+            ends, _ = holder_ends(now, running, step_s=step, prefill_rate=rate)
+            slot = slot_free_at(
+                now, running_ends=[end for ticket, end in zip(self._running.values(), ends,
+                                                              strict=True)
+                                   if ticket.request.bucket is bucket],
+                queued=[candidate for ticket, candidate in zip(tickets, queued, strict=True)
+                        if ticket.request.bucket is bucket] + waiting,
+                cap=ledger.bucket_caps[bucket], step_s=step, prefill_rate=rate)
+            if slot > now:
+                predicted = max(predicted, slot + waiting[-1].prompt_tokens / rate)
+                at_once = False
         return predicted - arrived_at, at_once
 
     def prefill_rate(self, step_s: float | None, now: float) -> float:
@@ -520,6 +544,9 @@ class AdmissionController:
                                               PROMPT_MEAN_WEIGHT)
             self.output_mean = geometric_step(self.output_mean, ticket.expected_output,
                                               PROMPT_MEAN_WEIGHT)
+            self.reserved_mean = geometric_step(
+                self.reserved_mean, max(1, request.prompt_tokens + request.max_tokens),
+                PROMPT_MEAN_WEIGHT)
         self.valve.enter(ticket.id, request.prompt_tokens, now, arrived_at=ticket.arrived_at,
                          by_cap=ticket.by_cap)
         ticket.future = asyncio.get_running_loop().create_future()
@@ -562,7 +589,8 @@ class AdmissionController:
         candidate = [ticket.candidate(self.ledger.capacity.block_size)]
         if valve.waiting == 0:  # the floor: nothing waits, so its first token teaches the rate
             if not self._takes_at_once(ticket):  # unless it waits for room past the SLO
-                predicted, _ = self._predicted_wait(candidate, now, ticket.arrived_at)
+                predicted, _ = self._predicted_wait(candidate, now, ticket.arrived_at,
+                                                    bucket=request.bucket)
                 if predicted is not None and predicted > self.ttft_slo_s:
                     self.arrivals.turnover_refusals += 1
                     raise self._refused(request.bucket, own, now)
@@ -572,7 +600,8 @@ class AdmissionController:
             return
         by_cap = valve.admits(own, now)
         by_step = (not by_cap and self._takes_at_once(ticket) and valve.fits_step(own, now))
-        predicted, at_once = self._predicted_wait(candidate, now, ticket.arrived_at)
+        predicted, at_once = self._predicted_wait(candidate, now, ticket.arrived_at,
+                                                  bucket=request.bucket)
         if not self._turnover_decides(by_cap or by_step, predicted, at_once):
             raise self._refused(request.bucket, own, now)
         ticket.by_cap = not by_step  # admitted on the target: its first token steers it

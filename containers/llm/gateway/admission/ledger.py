@@ -79,23 +79,34 @@ class AdmissionLedger:
     engine's whole pool (and, for one request's expected end-state, the watermark)."""
 
     def __init__(self, capacity: KvCapacity, *, watermark: float,
-                 bucket_caps: Mapping[str, int]) -> None:
+                 bucket_caps: Mapping[str, int], bounds: BucketBounds | None = None) -> None:
         if not 0.0 < watermark <= 1.0:
             raise ValueError(f"watermark must be in (0, 1], got {watermark}")
         self.watermark = watermark
         self.bucket_caps = {LengthBucket(key): value for key, value in bucket_caps.items()}
+        self.bounds = bounds
+        """The buckets' bounds (the engine's window's), to say which bucket a request not yet
+        sized would be in (:meth:`bucket_of`); None: not known."""
         self.capacity = capacity
         self.reserved_blocks = 0
         self.inflight: dict[LengthBucket, int] = dict.fromkeys(LengthBucket, 0)
 
     @classmethod
     def awaiting_engine(cls, block_size: int, *, watermark: float,
-                        bucket_caps: Mapping[str, int]) -> AdmissionLedger:
+                        bucket_caps: Mapping[str, int],
+                        bounds: BucketBounds | None = None) -> AdmissionLedger:
         """A ledger before any engine reported its pool: a pool of no blocks, so nothing is
         dispatched until :meth:`set_capacity` adopts the engine's real one (the service answers
         503 before asking while the engine starts). Admission is never sized from a plan."""
         return cls(KvCapacity(num_blocks=0, block_size=block_size), watermark=watermark,
-                   bucket_caps=bucket_caps)
+                   bucket_caps=bucket_caps, bounds=bounds)
+
+    def bucket_of(self, reserved_tokens: float) -> LengthBucket | None:
+        """The bucket of a request reserving ``reserved_tokens`` (prompt + ``max_tokens``);
+        None when the bounds are not known."""
+        if self.bounds is None:
+            return None
+        return self.bounds.classify(max(1, round(reserved_tokens)))
 
     @property
     def limit_blocks(self) -> int:

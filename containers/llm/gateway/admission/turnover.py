@@ -119,14 +119,10 @@ def replay(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate]
         raise ValueError(f"step_s and prefill_rate must be > 0, got {step_s}, {prefill_rate}")
     free_blocks = pool_blocks
     free_sequences = max_running
-    prefill_done = now
     ends: list[tuple[float, int, int]] = []  # (when, blocks, sequences), a heap
-    for holder in running:
-        if holder.prefill_tokens:  # its first token after the prompts ahead of it and its own
-            prefill_done += holder.prefill_tokens / prefill_rate
-            ends_at = prefill_done + max(0, holder.remaining - 1) * step_s
-        else:
-            ends_at = now + max(1, holder.remaining) * step_s
+    running_ends, prefill_done = holder_ends(now, running, step_s=step_s,
+                                             prefill_rate=prefill_rate)
+    for holder, ends_at in zip(running, running_ends, strict=True):
         heapq.heappush(ends, (ends_at, holder.end_blocks, holder.sequences))
         free_blocks -= holder.end_blocks
         free_sequences -= holder.sequences
@@ -159,6 +155,49 @@ def replay(now: float, *, running: Sequence[Holder], queued: Sequence[Candidate]
         free_blocks -= candidate.end_blocks
         free_sequences -= candidate.sequences
     return first, clock == now
+
+
+def holder_ends(now: float, running: Sequence[Holder], *, step_s: float, prefill_rate: float
+                ) -> tuple[list[float], float]:
+    """When each running request's answer ends by the replay's first model (in ``running``'s
+    order, the order they were dispatched in), and when the last of their prompts still in
+    prefill is done (``now`` when none is)."""
+    prefill_done = now
+    ends: list[float] = []
+    for holder in running:
+        if holder.prefill_tokens:  # its first token after the prompts ahead of it and its own
+            prefill_done += holder.prefill_tokens / prefill_rate
+            ends.append(prefill_done + max(0, holder.remaining - 1) * step_s)
+        else:
+            ends.append(now + max(1, holder.remaining) * step_s)
+    return ends, prefill_done
+
+
+def slot_free_at(now: float, *, running_ends: Iterable[float], queued: Sequence[Candidate],
+                 cap: int, step_s: float, prefill_rate: float) -> float:
+    """When the last of ``queued`` — requests of one length bucket waiting for dispatch, in
+    order — gets one of the bucket's ``cap`` slots (``GATEWAY_BUCKET_CAPS``: at most that many
+    of the bucket in flight at once), given when the bucket's running requests end
+    (``running_ends``): each request ahead of it takes a slot when one frees and holds it for
+    its prefill and its answer. ``now`` when a slot is free for it at once. The KV pool and the
+    engine's sequences are :func:`replay`'s; this is the wait a bucket's cap adds to it, which a
+    burst of long requests meets before the pool (eight XL requests on a pool that holds ten
+    of their prompts: the ninth and tenth were predicted to start at once and waited 2.3 and
+    5.2 s for a slot; issue 37, seventeenth round)."""
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    ends = list(running_ends)
+    heapq.heapify(ends)
+    free = cap - len(ends)
+    clock = now
+    for candidate in queued:
+        while free < 1:
+            clock = max(clock, heapq.heappop(ends))
+            free += 1
+        heapq.heappush(ends, clock + candidate.prompt_tokens / prefill_rate
+                       + max(0, candidate.output - 1) * step_s)
+        free -= 1
+    return clock
 
 
 STEP_GAP_SHARE = 0.5

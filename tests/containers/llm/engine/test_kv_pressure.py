@@ -1,7 +1,7 @@
 """KV-aware admission on a real engine whose KV pool holds only a handful of maximum-length
 sequences: under 64 concurrent long requests the gateway dispatches by vLLM's own rule (a prompt
 goes when it fits beside what the running requests hold now), serves what can start within the
-TTFT SLO, refuses the rest on arrival with 429 + Retry-After (never after a wait), counts the
+TTFT SLO without waiting for KV room or a slot of its length bucket, refuses the rest on arrival with 429 + Retry-After (never after a wait), counts the
 preemptions vLLM makes as the answers grow (few: no thrash), and nothing answers 5xx."""
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ POOL_BLOCKS = 192
 """6,144 tokens in blocks of 32: six sequences of max_model_len (1,024)."""
 CONCURRENT = 64
 MAX_TOKENS = 160
-SLO_S = 1.5
+SLO_S = 3.0
+"""Long enough that a loaded two-core machine without AVX-512 still prefills the first wave
+within it: at 1.5 s such a machine, beside the rest of the suite, admitted four. The XL bucket's
+cap (eight) is then what bounds the first wave, and the turnover knows it: at this SLO, before
+it did, nine of 25 admitted waited 3.5-7 s for a slot and five were refused after 10 s."""
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +89,10 @@ def test_a_small_pool_under_64_long_requests_sheds_what_would_miss_the_slo(
     # Refused on arrival, not after a wait in the queue. (Its latency_ms now counts from when its
     # headers reached the gateway, so it includes the parsing of the burst's 63 others.)
     assert max(line["queue_wait_ms"] for line in refusals) < 50
+    # What is admitted starts without waiting for a slot of its bucket or for KV room.
+    served_lines = [line for line in requests if line["status"] == 200]
+    assert len(served_lines) == len(served)
+    assert max(line["queue_wait_ms"] for line in served_lines) < 500, served_lines
     assert all(body["mangaassist"]["fallback"] is None for body in served)
     # Long requests: prompt + 160 output tokens over a quarter of the 1,024-token window.
     assert all(body["mangaassist"]["bucket"] in ("L", "XL") for body in served)
