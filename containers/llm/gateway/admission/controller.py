@@ -439,7 +439,9 @@ class AdmissionController:
                                     pool_blocks=ledger.pool_blocks,
                                     max_running=self.max_running, step_s=step,
                                     prefill_rate=rate)
-        if bucket is not None:
+        if (bucket is not None  # its cap can bind (checked at no cost before it is replayed)
+                and ledger.inflight[bucket] + len(tickets) + len(waiting)
+                > ledger.bucket_caps[bucket]):
             ends, _ = holder_ends(now, running, step_s=step, prefill_rate=rate)
             slot = slot_free_at(
                 now, running_ends=[end for ticket, end in zip(self._running.values(), ends,

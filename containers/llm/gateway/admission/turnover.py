@@ -31,6 +31,10 @@ This module predicts the step. It replays what the engine will do, first come, f
   a burst's second wave is predicted as it was, and its error is the valve's target's to absorb
   (docs/design-decisions.md#surge-admission).
 
+A request whose length bucket is at its cap (``GATEWAY_BUCKET_CAPS``) also waits for one of the
+bucket's slots, which the pool's room does not show: :func:`slot_free_at` replays the bucket's
+own answers, and the controller takes the later of the two waits.
+
 A dispatched request is counted at its expected end-state from dispatch on (it frees that much
 when it ends). This is conservative: vLLM admits a prompt beside what the running answers hold
 *now*, so the engine starts a wave at least as early as predicted.
