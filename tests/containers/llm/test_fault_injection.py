@@ -106,8 +106,17 @@ async def pinger(url: str, seen: Observations, stop: asyncio.Event) -> None:
 
 
 async def injector(url: str, seen: Observations, inject: asyncio.Event) -> None:
+    """The OOM, once the sessions are far enough in and the engine has requests running (on a
+    starved machine the sessions' client can leave it a moment with none, and an OOM then has
+    no request in flight to answer with its fallback: one `make test` run saw only a request
+    that raced the death, answered `engine_dead`)."""
     await inject.wait()
     async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+        for _ in range(100):
+            admission = (await client.get("/ping")).json()["admission"]
+            if admission["running_sequences"] >= 4:
+                break
+            await asyncio.sleep(0.01)
         response = await client.post("/admin/engine/oom")
         assert response.status_code == 200, response.text
         seen.injected_at = time.perf_counter()
