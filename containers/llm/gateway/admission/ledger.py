@@ -106,7 +106,7 @@ class AdmissionLedger:
         None when the bounds are not known."""
         if self.bounds is None:
             return None
-        return self.bounds.classify(max(1, round(reserved_tokens)))
+        return classify_bucket(max(1, round(reserved_tokens)), self.bounds)
 
     @property
     def limit_blocks(self) -> int:
