@@ -50,6 +50,7 @@ from gateway.warmup import (
     WARMUP_HEADER,
     calibration_batch,
     run_warmup,
+    salted,
     short_request,
     warmup_requests,
 )
@@ -113,6 +114,10 @@ class GatewayLifecycle:
         """Marks the process's own warmup requests (logged, not counted in metrics)."""
         self.warmed_up = False
         self.warmup_progress = "not started"
+        self.warmup_passes = 0
+        """Warmup passes run in this process: each pass's messages begin with ``#<its number>``
+        (:func:`gateway.warmup.salted`), so that none is served from an earlier pass's prefix
+        cache."""
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._app: ASGIApp | None = None
@@ -254,11 +259,13 @@ class GatewayLifecycle:
             admission.reset_learning()
         admission.learning = learning
         label = "measuring" if learning else "first use"
+        self.warmup_passes += 1
+        salt = f"#{self.warmup_passes} "  # two tokens: the passes' prompts keep their lengths
         try:
             return await run_warmup(
-                client, requests, headers={WARMUP_HEADER: self.warmup_token},
+                client, salted(requests, salt), headers={WARMUP_HEADER: self.warmup_token},
                 progress=lambda text: self._set_warmup_progress(f"{text} ({label})"),
-                log=self.telemetry.log, batch=calibration_batch(self.settings))
+                log=self.telemetry.log, batch=calibration_batch(self.settings, salt=salt))
         finally:
             admission.learning = True
 

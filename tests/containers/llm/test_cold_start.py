@@ -142,3 +142,39 @@ def test_the_burst_after_a_slow_burst_is_decided_by_the_rate_it_measured(
 
 POOL = 9
 """Requests the 320-block pool holds (each ~530 prompt tokens, ~630 at its end)."""
+
+
+def test_warmups_measuring_pass_is_not_served_from_the_first_passs_prefix_cache(
+        make_runtime: Any) -> None:
+    """Warmup sends its set twice, and the second pass teaches admission the engine's prefill
+    rate. Sent the same prompts, vLLM's prefix cache served that pass the first pass's blocks: on
+    vLLM's CPU build a 470-token prompt came with 448 cached tokens, admission learned 20,995
+    prompt tokens a second, and a fresh gateway's first burst of distinct chats, which prefilled
+    at about 1,500, was predicted to start several times sooner than it did. Each pass's
+    messages now begin with the pass's number: a measuring-pass prompt takes from the cache no
+    more than the longest prefix the first pass's prompts of its model already shared with one
+    another (the system prompt and the template, which real traffic shares too)."""
+    runtime, lines = make_runtime(SIM_EOS_PROBABILITY="0")
+
+    async def scenario() -> None:
+        async with running(runtime):
+            pass
+
+    asyncio.run(scenario())
+    passes: list[list[dict[str, Any]]] = [[]]
+    for line in map(json.loads, lines):
+        if line.get("event") == "start_phase" and line["phase"] == "warmup_first_use":
+            passes.append([])
+        elif line.get("event") == "start_phase" and line["phase"] == "warmup_measure":
+            break
+        elif line.get("event") == "request":
+            passes[-1].append(line)
+    first, measuring = passes
+    assert len(first) == len(measuring) > 16
+    shared: dict[str, int] = {}
+    for line in first:
+        shared[line["model"]] = max(shared.get(line["model"], 0), line["cached_tokens"])
+    over = [(line["model"], line["prompt_tokens"], line["cached_tokens"]) for line in measuring
+            if line["cached_tokens"] > shared[line["model"]]]
+    assert not over, (shared, over)
+    assert max(line["prompt_tokens"] for line in measuring) > 1_000  # long prompts were sent
