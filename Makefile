@@ -156,11 +156,12 @@ gate-resolution: setup ## the quality gate's resolution by evaluation-set size (
 intent-cost: setup ## the intent classifier's monthly price on GPU vs Inferentia (catalog prices; COST_FLAGS="--gpu-price 1.2 ...")
 	$(PY) -m neuron.cost $(COST_FLAGS)
 
-bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: the capacity model's predictions beside the CPU engine's measurements (fails on a figure out of its tolerance), gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool and sustained surges beyond capacity, both also against vLLM's admission valve, the GPU run's surge and burst on a simulator shaped like it, vLLM's benchmark client), gateway overhead, traced vs eager classifier ## about 100 min (the surges about 70)
+bench: setup $(VLLM_VENV)/.installed ## benchmarks that print figures: the capacity model's predictions beside the CPU engine's measurements (fails on a figure out of its tolerance), gateway vs vLLM's own server (requests, a 40-turn conversation, bursts beyond the KV pool (also as a fresh server's first traffic) and sustained surges beyond capacity, both also against vLLM's admission valve, the GPU run's surge and burst on a simulator shaped like it, vLLM's benchmark client), gateway overhead, traced vs eager classifier ## about 110 min (the surges about 70)
 	$(PY) benchmarks/capacity_check.py
 	$(PY) benchmarks/gateway_vs_vllm.py
 	$(PY) benchmarks/conversation_replay.py
 	$(PY) benchmarks/admission_burst.py
+	$(PY) benchmarks/admission_burst.py --fresh --servers gateway vllm --multiples 2 4
 	$(PY) benchmarks/admission_surge.py
 	$(PY) benchmarks/sim_gpu_surge.py
 	$(PY) benchmarks/vllm_bench_client.py --check

