@@ -51,17 +51,39 @@ def test_the_floor_admits_one_request_when_nothing_waits_whatever_the_cap() -> N
 def test_the_rate_is_the_tokens_drained_per_second_of_backlog_in_quarter_second_windows(
 ) -> None:
     """Three requests of 100 tokens admitted at once: the first token at 0.1 s does not close a
-    window (0.1 s of backlog: first tokens come in batches), the one at 0.3 s does (300 ms):
-    200 tokens in 0.3 s; the log of the rate moves a third of the way (weight 0.35) to 667/s."""
+    window (0.1 s of backlog: first tokens come in batches), the one at 0.3 s makes it due (300
+    ms), and the next event after that step closes it: 200 tokens in 0.3 s; the log of the rate
+    moves a third of the way (weight 0.35) to 667/s."""
     gate = valve(rate=1000.0, weight=0.35)
     for key in "abc":
         gate.enter(key, 100, 0.0)
     gate.first_token("a", 0.1)
     assert gate.windows == 0 and gate.rate == pytest.approx(1000.0)
     gate.first_token("b", 0.3)
+    assert gate.windows == 0  # due: the rest of its step's first tokens may follow
+    gate.enter("d", 100, 0.35)
     assert gate.windows == 1
     assert math.log(gate.rate) == pytest.approx(
         math.log(1000) + 0.35 * (math.log(200 / 0.3) - math.log(1000)))
+
+
+def test_a_window_due_at_a_first_token_takes_in_the_rest_of_that_steps_first_tokens() -> None:
+    """Ten prompts of 100 tokens that one step prefilled: their first tokens reach the valve a
+    millisecond apart at 1.0 s. The window comes due at the first of them and takes in the other
+    nine: 1,000 tokens in 1.009 s, whether the backlog empties with them or another request
+    still waits (closed at the first, it measured 100 tokens a second and carried the rest)."""
+    for still_waiting in (False, True):
+        gate = valve(rate=5000.0, weight=1.0)
+        for index in range(10):
+            gate.enter(index, 100, 0.0)
+        if still_waiting:
+            gate.enter("later", 100, 0.0)
+        for index in range(10):
+            gate.first_token(index, 1.0 + index * 0.001)
+        if still_waiting:
+            assert gate.windows == 0
+            gate.enter("next", 100, 1.5)  # an event after that step: the due window closes
+        assert gate.windows == 1 and gate.rate == pytest.approx(1000 / 1.009)
 
 
 def test_a_window_closes_when_the_backlog_empties() -> None:
@@ -73,8 +95,8 @@ def test_a_window_closes_when_the_backlog_empties() -> None:
 
 
 def test_the_rest_of_a_stretch_too_short_to_measure_is_carried_not_dropped() -> None:
-    """Two waves: the window across the gap closes at the second wave's first token (200 tokens
-    in 0.6 s); the second wave's quick drain (1,000 tokens in 50 ms) is too short to measure
+    """Two waves: the window across the gap comes due at the second wave's first token and
+    closes at the next step's (200 tokens in 0.6 s); the second wave's quick drain (1,000 tokens in 50 ms) is too short to measure
     alone and is carried into the next window, which closes after 0.25 s of backlog (dropped,
     it left the rate at the gap's after every such burst)."""
     gate = valve(rate=1000.0, weight=1.0)
@@ -83,8 +105,8 @@ def test_the_rest_of_a_stretch_too_short_to_measure_is_carried_not_dropped() -> 
     gate.enter("c", 1000, 0.0)
     gate.first_token("a", 0.1)
     gate.first_token("b", 0.6)
+    gate.first_token("c", 0.65)  # the next step: the window due at b closes first
     assert gate.windows == 1 and gate.rate == pytest.approx(200 / 0.6)
-    gate.first_token("c", 0.65)
     gate.enter("d", 100, 5.0)
     gate.first_token("d", 5.15)  # 0.2 s of backlog with the carried 50 ms: not yet
     assert gate.windows == 1

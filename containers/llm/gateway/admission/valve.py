@@ -16,7 +16,9 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   of backlog, from empty to empty (a request alone: its own prompt over its own wait), and each
   window moves the log of the estimate by :data:`DRAIN_WEIGHT` toward what it measured. A
   window never closes on a first token alone: the engine emits first tokens in batches, one
-  step for several requests, and two of them a millisecond apart measure nothing;
+  step for several requests, and two of them a millisecond apart measure nothing; and a window
+  that comes due at a first token takes in the rest of that step's first tokens
+  (:data:`SAME_STEP_S`) before it closes;
 * **what is still waiting** — a request admitted ``age`` seconds ago without its first token
   proves the rate is at most ``(ahead + own) ÷ age`` now; once it has waited
   :data:`BOUND_AFTER` of the target (before that its wait is mostly the engine's fixed cost per
@@ -86,6 +88,13 @@ DRAIN_WEIGHT = 0.35
 WINDOW_S = 0.25
 """Seconds of backlog that close a measuring window (a surge learns four times a second; a
 quiet spell, at the end of each stretch of backlog)."""
+SAME_STEP_S = 0.01
+"""First tokens this close after the one at which a window came due are the same engine step's
+(the gateway takes a step's outputs one request at a time): they count in that window. Closed
+at the first of them, a window measured a batch that one step prefilled as that request's
+prompt alone (warmup's calibration batch of 16: 1,453 tokens that reached their first token
+together after 0.98 s counted as one 90-token prompt, about 250 tokens a second learned), and
+the rest of the batch fell into the next window."""
 TARGET_SHARE = 0.7
 """The valve's target first token as a share of the TTFT SLO before any feedback: the last
 request admitted into a full backlog waits about the target, and the spread of real first
@@ -167,6 +176,7 @@ class PrefillValve:
         self._busy_s = 0.0  # seconds of backlog in the open window
         self._drained = 0  # tokens that reached their first token in it
         self._whole = True  # whether it began with the backlog empty
+        self._due: float | None = None  # the first token at which the open window came due
         self._decreased_at = -math.inf  # when the target last came down for a late request
         self._interval_start: float | None = None  # the standing rule's interval (None: idle)
         self._shortest_wait = math.inf  # the shortest cap-admitted wait in that interval
@@ -227,6 +237,8 @@ class PrefillValve:
         return max(0.0, (self.backlog + own) / rate - self.target_s)
 
     def _advance(self, now: float) -> None:
+        if self._due is not None and now - self._due > SAME_STEP_S:
+            self._close()  # its step's first tokens are in; the time since is the next window's
         if self._mark is not None and now > self._mark:
             self._busy_s += now - self._mark
         self._mark = now if self._waiting else None
@@ -252,21 +264,23 @@ class PrefillValve:
         late = (learn and admitted is not None and admitted.by_cap and self.slo_s is not None
                 and now - admitted.arrived_at > LATE_SHARE * self.slo_s)
         self._late = self._late or late  # before it leaves: the ran-dry rule asks then
-        entry = self.leave(key, now)
+        entry = self._leave(key, now)
         if entry is None:
             return
         if not learn:
-            self._busy_s, self._drained = 0.0, 0
+            self._busy_s, self._drained, self._due = 0.0, 0, None
             return
         if entry.by_cap and self.slo_s is not None:
             self._steer(entry, now, late=late)
         self._drained += entry.own
         ended = not self._waiting and self._whole  # a whole stretch of backlog, however short
-        if self._drained > 0 and self._busy_s > 0 and (ended or self._busy_s >= WINDOW_S):
-            measured = max(MIN_RATE, self._drained / self._busy_s)
-            self._rate = geometric_step(self._rate, measured, self.weight)
-            self.windows += 1
-            self._busy_s, self._drained, self._whole = 0.0, 0, False
+        if ended and self._busy_s > 0:
+            self._close()
+        else:
+            if self._due is None and self._busy_s >= WINDOW_S:
+                self._due = now  # closes after the rest of this step's first tokens
+            if self._due is not None and not self._waiting:
+                self._close()  # the backlog emptied: nothing more of that step can come
         # The rest of a stretch whose earlier part closed a window: first tokens come in
         # batches, so its last few may drain in a millisecond, too short to measure alone. It
         # is carried into the next window, which closes only after WINDOW_S of backlog:
@@ -274,6 +288,15 @@ class PrefillValve:
         # gap between them counted, the second wave's quick drain did not).
         if not self._waiting and not self._whole and not self._drained:
             self._busy_s, self._whole = 0.0, True
+
+    def _close(self) -> None:
+        """The open window measured: the tokens drained in it over its seconds of backlog."""
+        if self._drained > 0 and self._busy_s > 0:
+            measured = max(MIN_RATE, self._drained / self._busy_s)
+            self._rate = geometric_step(self._rate, measured, self.weight)
+            self.windows += 1
+            self._whole = False
+        self._busy_s, self._drained, self._due = 0.0, 0, None
 
     def refused(self) -> None:
         """The valve's decision turned a request away (the target may be too low)."""
@@ -314,6 +337,13 @@ class PrefillValve:
     def leave(self, key: Hashable, now: float) -> Waiting | None:
         """``key`` left the backlog at ``now`` (on its own: without a first token — refused
         after queueing, cancelled, failed); what it was, None if it was not waiting."""
+        entry = self._leave(key, now)
+        if entry is not None and self._due is not None and not self._waiting:
+            self._close()  # the backlog emptied: nothing more of that step can come
+        return entry
+
+    def _leave(self, key: Hashable, now: float) -> Waiting | None:
+        """:meth:`leave` but for closing a due window (a first token's tokens count first)."""
         entry = self._waiting.pop(key, None)
         if entry is None:
             return None
@@ -332,4 +362,4 @@ class PrefillValve:
         self._interval_start, self._shortest_wait, self._refused = None, math.inf, False
         self._late = False
         self.windows = 0
-        self._busy_s, self._drained = 0.0, 0
+        self._busy_s, self._drained, self._due = 0.0, 0, None

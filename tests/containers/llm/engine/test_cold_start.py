@@ -6,6 +6,11 @@ SLO, and 0 of 10 requests sent one second apart to the idle gateway were served.
 measuring pass repeats until a short request on the idle engine would have its first token
 within the SLO at the drain rate measured (/ping says why meanwhile), and a request arriving
 while nothing waits is always admitted, whatever the rate says (the prefill valve's floor).
+
+The SLO is 0.3 s: warmup's short request (about 210 tokens) at the rate an unloaded measuring
+pass learns on the development machine (about 1,400 prompt tokens a second) starts in 0.15 s.
+The 90 ms it was set to held only while the measuring pass was served from the first pass's
+prefix cache (a rate of 6,904; issue 37, eighteenth round).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from tests.containers.llm.engine.conftest import Servers
 from tests.support.cpu_engine import ServerProcess
 
 pytestmark = pytest.mark.engine
-SLO_S = 0.09
+SLO_S = 0.3
 
 
 @contextlib.contextmanager
