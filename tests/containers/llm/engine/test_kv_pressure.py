@@ -22,11 +22,14 @@ POOL_BLOCKS = 192
 """6,144 tokens in blocks of 32: six sequences of max_model_len (1,024)."""
 CONCURRENT = 64
 MAX_TOKENS = 160
-SLO_S = 3.0
+SLO_S = 5.0
 """Long enough that a loaded two-core machine without AVX-512 still prefills the first wave
-within it: at 1.5 s such a machine, beside the rest of the suite, admitted four. The XL bucket's
-cap (eight) is then what bounds the first wave, and the turnover knows it: at this SLO, before
-it did, nine of 25 admitted waited 3.5-7 s for a slot and five were refused after 10 s."""
+within it, so that the XL bucket's cap (eight), not the machine's speed, bounds the first wave
+(the turnover knows that cap: at 3 s, before it did, nine of 25 admitted waited 3.5-7 s for a
+slot and five were refused after 10 s). Beside the rest of the suite such a machine admitted
+four at 1.5 s, and five at 3 s once warmup stopped learning its prefill rate from the prefix
+cache (issue 37, eighteenth round): at the rate it really prefills (about 1,000-1,500 prompt
+tokens a second), seven prompts of about 700 tokens need more than 3 s."""
 
 
 @pytest.fixture(scope="module")
