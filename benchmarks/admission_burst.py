@@ -53,7 +53,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,25 +158,33 @@ Results = dict[float, dict[str, list[Burst]]]
 """multiple → server → one burst per round."""
 
 
-def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], rounds: int,
-            slo_ms: float) -> Results:
-    """Every burst ``rounds`` times per server, the servers' order rotating at each round."""
-    names = list(servers)
-    results: Results = {multiple: {name: [] for name in names} for multiple in sizes}
+def turns(names: Sequence[str], sizes: Mapping[float, int], rounds: int
+          ) -> Iterator[tuple[float, int, int, str, int]]:
+    """(multiple, size, round, server, seed) of every burst: each ``rounds`` times per server,
+    the servers' order rotating by one at each round, a seed of its own for each."""
     seed = 0
     for multiple, size in sizes.items():
         for round_ in range(rounds):
             shift = round_ % len(names)
             for name in [*names[shift:], *names[:shift]]:
                 seed += 10_000
-                result = record(servers[name], name, size, seed)
-                results[multiple][name].append(result)
-                got = result.figures(slo_ms)
-                print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
-                      f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "
-                      f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
-                      flush=True)
-                time.sleep(1.0)
+                yield multiple, size, round_, name, seed
+
+
+def measure(servers: Mapping[str, ServerProcess], sizes: Mapping[float, int], rounds: int,
+            slo_ms: float) -> Results:
+    """Every burst ``rounds`` times per server, the servers' order rotating at each round."""
+    names = list(servers)
+    results: Results = {multiple: {name: [] for name in names} for multiple in sizes}
+    for multiple, size, round_, name, seed in turns(names, sizes, rounds):
+        result = record(servers[name], name, size, seed)
+        results[multiple][name].append(result)
+        got = result.figures(slo_ms)
+        print(f"  burst {size} ({multiple:g}×), round {round_ + 1}, {name}: "
+              f"{got.good:g} within {slo_ms / 1000:g} s, {got.refused:g} refused, "
+              f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
+              flush=True)
+        time.sleep(1.0)
     return results
 
 
@@ -185,22 +193,17 @@ def measure_fresh(names: Sequence[str], served: Served, engine: EngineConfig,
     """``--fresh``: every burst ``rounds`` times per server, each on a server started for it
     alone and stopped after it, the servers' order rotating at each round."""
     results: Results = {multiple: {name: [] for name in names} for multiple in sizes}
-    seed = 0
-    for multiple, size in sizes.items():
-        for round_ in range(rounds):
-            shift = round_ % len(names)
-            for name in [*names[shift:], *names[:shift]]:
-                seed += 10_000
-                with common.running([name], served, engine,
-                                    log_prefix="admission-burst-fresh-") as servers:
-                    result = record(servers[name], name, size, seed)
-                results[multiple][name].append(result)
-                got = result.figures(slo_ms)
-                print(f"  burst {size} ({multiple:g}×) on a fresh server, round {round_ + 1}, "
-                      f"{name}: {got.good:g} within {slo_ms / 1000:g} s, {got.admitted:g} "
-                      f"admitted (TTFT p99 {got.ttft_p99_ms:.0f} ms), {got.refused:g} refused, "
-                      f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
-                      flush=True)
+    for multiple, size, round_, name, seed in turns(names, sizes, rounds):
+        with common.running([name], served, engine,
+                            log_prefix="admission-burst-fresh-") as servers:
+            result = record(servers[name], name, size, seed)
+        results[multiple][name].append(result)
+        got = result.figures(slo_ms)
+        print(f"  burst {size} ({multiple:g}×) on a fresh server, round {round_ + 1}, "
+              f"{name}: {got.good:g} within {slo_ms / 1000:g} s, {got.admitted:g} "
+              f"admitted (TTFT p99 {got.ttft_p99_ms:.0f} ms), {got.refused:g} refused, "
+              f"{got.errors:g} failed{learned(result.valve_before)}", file=sys.stderr,
+              flush=True)
     return results
 
 
