@@ -477,6 +477,41 @@ def test_the_step_rule_holds_only_for_prompts_the_engine_takes_at_once() -> None
     assert fits  # the valve's own rule would have: the engine could not take it
 
 
+def test_the_floor_counts_the_running_answers_at_their_ends() -> None:
+    """With nothing waiting for a first token, the floor admits a request the engine takes at
+    once without asking the turnover. A prompt that fits beside what the running answers hold
+    now, but not beside what they will hold at their ends, is not such a request: vLLM starts
+    it, and when the answers grow into its blocks it preempts it (the request it admitted last)
+    until they end. Four answers at 0.1 s a token, each to end at 25 of a pool's 100 blocks
+    (20 each now): a fifth 300-token prompt (19 blocks) waits about 8.9 s for room. The code
+    before admitted it by the floor, in the screen and on its own prompt alike."""
+    clock = FakeClock()
+
+    async def scenario() -> tuple[object, AdmissionRejected | None]:
+        admission = controller(blocks=100, slo_s=2.0, rate=1000.0, clock=clock)
+        held = [await admission.acquire(request(400, bucket=LengthBucket.S), max_wait_s=1.0)
+                for _ in range(4)]
+        clock.now += 0.3
+        for reservation in held:
+            admission.progress(reservation, 1)
+        clock.now += 1.0
+        for reservation in held:
+            admission.progress(reservation, 10)  # 0.1 s a token: 89 more take 8.9 s
+        assert admission.valve.waiting == 0 and admission.ledger.reserved_blocks == 80
+        screened = admission.screen(20)
+        refused: AdmissionRejected | None = None
+        try:
+            await admission.acquire(request(400, bucket=LengthBucket.M), max_wait_s=1.0)
+        except AdmissionRejected as rejected:
+            refused = rejected
+        return screened, refused
+
+    screened, refused = asyncio.run(scenario())
+    assert isinstance(screened, AdmissionRejected)
+    assert screened.reason is RefusalReason.TTFT_SLO
+    assert refused is not None and refused.reason is RefusalReason.TTFT_SLO
+
+
 def test_the_screen_counts_the_requests_it_let_through_until_they_are_sized() -> None:
     """A burst is screened before any of its requests is parsed (the start gate): each one the
     screen lets through counts at the mean admitted prompt until it is sized, so the screen

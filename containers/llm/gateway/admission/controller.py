@@ -609,17 +609,32 @@ class AdmissionController:
         ticket.by_cap = not by_step  # admitted on the target: its first token steers it
 
     def _takes_at_once(self, ticket: _Ticket) -> bool:
-        """Whether the engine would take ``ticket`` now: nothing queued ahead of it, and its
-        prompt fits the sequences and the KV room left (the valve's step rule and its floor hold
-        only for prompts the engine prefills at once, not for those that wait for room)."""
-        return not self._queue and self._blocked(ticket) is None
+        """Whether the engine would take ``ticket`` now and keep it to its first token: nothing
+        queued ahead of it, its prompt fits the sequences and the KV room left, and the room
+        the running answers leave at their ends (the valve's step rule and its floor hold only
+        for prompts the engine prefills at once, not for those that wait for room)."""
+        return (not self._queue and self._blocked(ticket) is None
+                and self._fits_beside_ends(self.ledger.blocks_for(ticket.tokens)))
 
     def _takes_now(self, tokens: int) -> bool:
         """:meth:`_takes_at_once` for a request not yet sized (the screen's), holding ``tokens``
         at dispatch, one sequence, its bucket not known."""
         ledger = self.ledger
+        blocks = ledger.blocks_for(tokens)
         return (not self._queue and self._running_sequences < self.max_running
-                and ledger.reserved_blocks + ledger.blocks_for(tokens) <= ledger.pool_blocks)
+                and ledger.reserved_blocks + blocks <= ledger.pool_blocks
+                and self._fits_beside_ends(blocks))
+
+    def _fits_beside_ends(self, blocks: int) -> bool:
+        """Whether ``blocks`` fit beside what the running requests are expected to hold at their
+        ends, as the turnover's replay counts them. vLLM admits a prompt beside what the running
+        answers hold *now*; when they then grow into the last free blocks it preempts the
+        request it admitted last, and one preempted before its first token waits, its prefill
+        lost, until answers end. A floor admission into such a pool started 2.36 s after it
+        arrived, 3 ms after the releases that gave it room (issue 37, nineteenth round)."""
+        block_size = self.ledger.capacity.block_size
+        held = sum(ticket.holder(block_size).end_blocks for ticket in self._running.values())
+        return held + blocks <= self.ledger.pool_blocks
 
     # --- dispatch ---
     def _blocked(self, ticket: _Ticket) -> RefusalReason | None:
