@@ -224,22 +224,25 @@ def test_a_first_wave_that_starts_at_once_is_admitted_to_the_late_bound_not_the_
 
 
 def test_the_prefill_cost_is_the_wait_beyond_the_steps_fixed_cost() -> None:
-    """A request dispatched to an idle engine with 260 prompt tokens to prefill, on an engine
-    whose decode step is 66 ms, had its first token after 76 ms: 10 ms for 260 tokens beyond the
-    step, 38.5 us a token; in full steps of 2,048 tokens, each also costing the 66 ms, 14,150
-    tokens a second (the H200's full step: 2,048 tokens in about 150 ms), where the wait alone
-    says 3,421. 3,000 tokens ahead take two steps; a wait within the steps' cost, one before
-    the decode step is known, or one that does not learn (warmup's first pass) teaches
-    nothing."""
+    """A request dispatched to an idle engine with 260 prompt tokens, on an engine whose decode
+    step is 66 ms, had its first token after 76 ms: 10 ms for 260 tokens beyond the step, 38.5
+    us a token; in full steps of 2,048 tokens, each also costing the 66 ms, 14,150 tokens a
+    second (the H200's full step: 2,048 tokens in about 150 ms), where the wait alone says
+    3,421. 3,000 tokens take two steps; a wait within the steps' cost, one before the decode
+    step is known, or one that does not learn (warmup's first pass) teaches nothing. A wait is
+    measured once its step's outputs are all in (the next token after them)."""
     cost = PrefillCost(weight=1.0)
     assert cost.rate(0.066, 2048) is None
 
     def timed(key: int, wait_s: float, tokens: int, *, step_s: float | None = 0.066,
               learn: bool = True) -> None:
         cost.dispatched(key, 10.0 * key, stepping=False)
-        cost.first_token(key, 10.0 * key + wait_s, tokens, step_s=step_s, step_tokens=2048,
-                         learn=learn)
+        cost.first_token(key, 10.0 * key + wait_s, prompt_tokens=tokens, step_s=step_s,
+                         step_tokens=2048, learn=learn)
+        assert cost.token_s == before  # its step's other outputs may still come
+        cost.token(10.0 * key + wait_s + 1.0, previous_at=None, step_s=0.066)
 
+    before = None
     timed(1, 0.076, 260, step_s=None)
     timed(2, 0.060, 260)
     timed(3, 0.076, 260, learn=False)
@@ -249,18 +252,22 @@ def test_the_prefill_cost_is_the_wait_beyond_the_steps_fixed_cost() -> None:
     assert cost.rate(0.066, 2048) == pytest.approx(1 / (0.010 / 260 + 0.066 / 2048))
     assert 14_100 < cost.rate(0.066, 2048) < 14_200  # type: ignore[operator]
     assert cost.rate(0.066, 0) is None
+    before = cost.token_s
     timed(5, 2 * 0.066 + 0.120, 3000)
     assert cost.token_s == pytest.approx(0.120 / 3000)
 
 
 def test_a_request_dispatched_during_a_step_is_timed_from_that_steps_end() -> None:
-    """Streams decode in 66 ms steps, their tokens at 0, 66, 132 ... ms. A 260-token prompt
-    dispatched 50 ms into a step waits out the 16 ms left of it, then its own 76 ms step: its
-    wait is timed from the next step's outputs (38.5 us a token; from its dispatch, 100 us).
-    One dispatched while a step's outputs are still arriving (the next step already runs)
-    starts after the step after; one whose step's outputs never come (a stall) starts at most a
-    decode step after its dispatch; one whose own first token is the next output is timed from
-    its dispatch; one that ends without a first token is forgotten."""
+    """Streams decode in 66 ms steps. A 260-token prompt dispatched 50 ms into a step waits out
+    the 16 ms left of it, then its own 76 ms step: its wait is timed from the next step's
+    outputs (38.5 us a token; from its dispatch, 100 us). One dispatched while a step's outputs
+    are still arriving (the next step already runs) starts after the step after. One
+    dispatched during a step that runs long, prefilling a 1,000-token prompt ahead of it for
+    0.5 s, is timed from that step's end over its own 260 tokens (the code before timed it from
+    a decode step after its dispatch, over all 1,260 ahead of it then: 273 us a token). One
+    whose own first token is the next output is timed from its dispatch; one that ends without
+    a first token is forgotten. Two prompts that one step prefilled together each count both:
+    38.5 us a token, where the prompts ahead of each at its dispatch said 38.5 and 77."""
     step = 0.066
     cost = PrefillCost(weight=1.0)
 
@@ -269,32 +276,50 @@ def test_a_request_dispatched_during_a_step_is_timed_from_that_steps_end() -> No
             now = at + 0.0002 * stream
             cost.token(now, previous_at=now - 0.0002 if stream else at - step, step_s=step)
 
+    def first(key: int, at: float, prompt: int = 260) -> None:
+        cost.first_token(key, at, prompt_tokens=prompt, step_s=step, step_tokens=2048)
+
     outputs(0.0)
     cost.dispatched(1, 0.050, stepping=True)
     outputs(step)
-    cost.first_token(1, step + 0.076, 260, step_s=step, step_tokens=2048)
+    first(1, step + 0.076)
+    outputs(2 * step + 0.076)
     assert cost.token_s == pytest.approx(0.010 / 260)
 
-    outputs(2 * step, range(1))
-    cost.dispatched(2, 2 * step + 0.0001, stepping=True)  # among step 2's outputs
-    outputs(2 * step, range(1, 3))
-    outputs(3 * step)
-    cost.first_token(2, 3 * step + 0.076 + 0.000_26, 260, step_s=step, step_tokens=2048)
+    outputs(0.3, range(1))
+    cost.dispatched(2, 0.3001, stepping=True)  # among that step's outputs
+    outputs(0.3, range(1, 3))
+    outputs(0.3 + step)
+    first(2, 0.3 + step + 0.076 + 0.000_26)
+    outputs(0.6)
     assert cost.token_s == pytest.approx(0.010_26 / 260)
 
-    cost.dispatched(3, 1.0, stepping=True)
-    cost.token(1.5, previous_at=1.0 - 0.03, step_s=step)  # a stall: the next outputs 0.5 s on
-    cost.first_token(3, 1.0 + step + 0.076 + 0.000_52, 260, step_s=step, step_tokens=2048)
+    cost.dispatched(30, 0.98, stepping=True)
+    outputs(1.0)  # the step after: it prefills request 30's 1,000 tokens for 0.5 s
+    cost.dispatched(3, 1.1, stepping=True)  # 1,260 tokens ahead, its own included
+    first(30, 1.5, 1000)
+    outputs(1.5)
+    first(3, 1.5 + 0.076 + 0.000_52)
+    outputs(1.7)
     assert cost.token_s == pytest.approx(0.010_52 / 260)
 
     cost.dispatched(4, 2.0, stepping=True)
-    cost.first_token(4, 2.0 + 0.076 + 0.000_78, 260, step_s=step, step_tokens=2048)
+    first(4, 2.0 + 0.076 + 0.000_78)
+    outputs(2.2)
     assert cost.token_s == pytest.approx(0.010_78 / 260)
 
     cost.dispatched(5, 3.0, stepping=True)
     cost.forget(5)
-    cost.first_token(5, 3.5, 260, step_s=step, step_tokens=2048)
+    first(5, 3.5)
+    outputs(3.7)
     assert cost.token_s == pytest.approx(0.010_78 / 260)
+
+    cost.dispatched(6, 4.0, stepping=False)
+    cost.dispatched(7, 4.0, stepping=False)
+    first(6, 4.0 + step + 0.020)
+    first(7, 4.0 + step + 0.020)
+    outputs(4.3)
+    assert cost.token_s == pytest.approx(0.020 / 520)
 
 
 def test_a_sequence_bound_engine_learns_its_full_step_and_starts_a_burst_of_64() -> None:

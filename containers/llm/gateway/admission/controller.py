@@ -143,9 +143,6 @@ class _Ticket:
     learn: bool = True
     """Whether its first token teaches the valve (off for warmup's first pass)."""
     future: asyncio.Future[KvReservation] | None = None
-    prefill_ahead: int = 0
-    """Prompt tokens dispatched and not yet prefilled when it was dispatched, its own included
-    (what it waits behind, in the turnover's :class:`PrefillCost`)."""
     first_token_at: float | None = None
     produced: int = 0
     """Output tokens over all its choices."""
@@ -669,7 +666,6 @@ class AdmissionController:
             booked = self.ledger.reserve(ticket.request.bucket, ticket.tokens)
             now = self.clock()
             self.prefill.enter(ticket.id, ticket.request.prompt_tokens, now)
-            ticket.prefill_ahead = round(self.prefill.backlog)
             self.prefill_cost.dispatched(ticket.id, now, stepping=self._decoding > 0)
             reservation = KvReservation(booked.bucket, booked.tokens, booked.blocks, ticket.id,
                                         ticket.floor)
@@ -712,7 +708,8 @@ class AdmissionController:
             learn = ticket.learn and self.learning
             self.valve.first_token(ticket.id, now, learn=learn)
             self.prefill.first_token(ticket.id, now, learn=learn)
-            self.prefill_cost.first_token(ticket.id, now, ticket.prefill_ahead,
+            self.prefill_cost.first_token(ticket.id, now,
+                                          prompt_tokens=ticket.request.prompt_tokens,
                                           step_s=self.decode.step_s,
                                           step_tokens=self.valve.step_tokens, learn=learn)
         # after its first token is timed: a step's outputs that begin with it end the waits of

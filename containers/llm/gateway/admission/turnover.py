@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -210,29 +211,56 @@ outputs of another engine step: a step's outputs reach the streams together (a f
 apart beside a decode step of 15-70 ms), the next step's a decode step later."""
 
 
+@dataclass(frozen=True)
+class _Wait:
+    """A request's wait for its first token, measured once its step's outputs are all in."""
+
+    started: float
+    """When its own steps began."""
+    ended: float
+    """Its first token."""
+    step_s: float
+    step_tokens: int
+
+
 class PrefillCost:
     """The engine's prefill as its steps run it: seconds per prompt token beyond each step's
     fixed cost (see the module docstring); None before the first measure.
 
     A scheduler step costs about the same fixed time whatever it carries (the decode step: the
     weights read once, the running streams' tokens) plus a time per token it prefills. A request
-    dispatched with ``tokens_ahead`` prompt tokens (its own included) not yet prefilled is
-    prefilled over ``ceil(tokens_ahead / step_tokens)`` steps, so its wait for the first token
-    less that many decode steps is ``tokens_ahead`` × the per-token time. A rate (tokens ÷ wait)
-    folds the fixed cost into the tokens: measured where requests reach the engine one or two a
-    step (a sequence-bound surge) it is one step's latency per prompt, a quarter of what a full
-    step prefills on an H200, and the replay then put a burst's 64th first token at 4.9 s where
-    vLLM's server started all 64 within 1.5 s.
+    waits for its first token over the steps that prefill the prompts ahead of it and its own,
+    ``ceil(tokens / step_tokens)`` of them, so its wait less that many decode steps is
+    ``tokens`` × the per-token time. A rate (tokens ÷ wait) folds the fixed cost into the
+    tokens: measured where requests reach the engine one or two a step (a sequence-bound
+    surge) it is one step's latency per prompt, a quarter of what a full step prefills on an
+    H200, and the replay then put a burst's 64th first token at 4.9 s where vLLM's server
+    started all 64 within 1.5 s.
+
+    **The tokens** are those the steps of its wait prefilled: the prompts whose first tokens
+    came after its own steps began, up to and with its own step's outputs (those within
+    :data:`STEP_GAP_SHARE` of a decode step after its first token) — the prompts ahead of it,
+    its own, and those dispatched after it that its step prefilled beside it. So a wait is
+    measured once its step's outputs are all in: at the next stream token or first token after
+    them.
 
     **The step in progress.** A request dispatched while the engine runs a step (streams are
     decoding) is scheduled in the step after it, so its wait also holds what was left of that
     step: anything up to a decode step more than its prompt takes (66 ms beside a 260-token
-    prompt on the H200 shape: up to 254 us a token on top of 38). Such a request's wait is
-    therefore timed from the end of that step, which the streams show: their next tokens, the
-    first more than :data:`STEP_GAP_SHARE` of the decode step after the one before
-    (:meth:`token`), and never later than a decode step after its dispatch. Timed from dispatch,
+    prompt on the H200 shape: up to 254 us a token on top of 38), and on the CPU build, where a
+    step that prefills runs far longer than the decode step, most of a second. Such a request's
+    wait is therefore timed from the end of that step, which the streams show: their next
+    tokens, the first more than :data:`STEP_GAP_SHARE` of the decode step after the one before
+    (:meth:`token`); the prompts that step prefilled are not in its tokens. Timed from dispatch,
     the estimate after a sequence-bound surge was 93 us a token on the simulator shaped like the
-    H200, and a burst after it started 49 of the 64 vLLM's server starts."""
+    H200, and a burst after it started 49 of the 64 vLLM's server starts. Timed from at most a
+    decode step after dispatch over every token ahead at dispatch (the code before), a request
+    dispatched during a long step had most of that step in its wait and all of its prompts in
+    its tokens: on the CPU build (a step with four 270-token prompts beside 17 streams took
+    0.73-0.8 s, the decode step 63 ms) the cost learned was 360-450 us a token where the steps
+    took about 690 (2,500 tokens a second predicted, about 1,450 prefilled), and the requests
+    admitted to wait for room in a sustained surge of short chats started up to 2.2x later than
+    predicted (issue 37, nineteenth round)."""
 
     def __init__(self, *, weight: float = STEP_WEIGHT) -> None:
         if not 0 < weight <= 1:
@@ -243,6 +271,10 @@ class PrefillCost:
         """When each dispatched request's own steps began (by its key), until its first token."""
         self._in_step: dict[int, float] = {}
         """Requests dispatched while a step ran (their dispatch time), until its outputs."""
+        self._open: list[_Wait] = []
+        """Waits whose step's outputs may still be arriving."""
+        self._firsts: deque[tuple[float, int]] = deque()
+        """(when, prompt tokens) of the first tokens an open or future wait may count."""
 
     def dispatched(self, key: int, now: float, *, stepping: bool) -> None:
         """Request ``key`` was dispatched at ``now``; ``stepping``: while streams were decoding
@@ -253,41 +285,68 @@ class PrefillCost:
             self._started[key] = now
 
     def token(self, now: float, *, previous_at: float | None, step_s: float | None) -> None:
-        """A stream had a token at ``now``, the one before at ``previous_at``: where it begins
-        another step's outputs, the requests dispatched during the step that ended start their
-        own steps now (at most ``step_s`` after their dispatch)."""
+        """A stream had a token at ``now``, the one before at ``previous_at``: the waits whose
+        step's outputs are all in are measured; where it begins another step's outputs, the
+        requests dispatched during the step that ended start their own steps now."""
+        self._measure(now)
         if not self._in_step or step_s is None:
             return
         if previous_at is not None and now - previous_at <= STEP_GAP_SHARE * step_s:
             return  # the same step's outputs
-        for key, dispatched_at in self._in_step.items():
-            self._started[key] = min(now, dispatched_at + step_s)
+        for key in self._in_step:
+            self._started[key] = now
         self._in_step.clear()
 
-    def first_token(self, key: int, now: float, tokens_ahead: int, *, step_s: float | None,
+    def first_token(self, key: int, now: float, *, prompt_tokens: int, step_s: float | None,
                     step_tokens: int, learn: bool = True) -> None:
-        """Request ``key``, dispatched with ``tokens_ahead`` prompt tokens to prefill (its own
-        included), had its first token at ``now``, while the decode step was ``step_s``. Its
-        wait is timed from when its steps began (from its dispatch when no step's outputs came
-        between: its own token ended the step). A wait within the steps' fixed cost (a step
-        faster than the decode step: nothing was decoding) teaches nothing, as does one before
-        the decode step is known, or one with ``learn`` off (warmup's first pass)."""
+        """Request ``key``, of ``prompt_tokens``, had its first token at ``now``, while the
+        decode step was ``step_s``: its wait from when its steps began (from its dispatch when no
+        step's outputs came between: its own token ended the step) is measured once its step's
+        outputs are all in. A wait within the steps' fixed cost (a step faster than the decode
+        step: nothing was decoding) teaches nothing, as does one before the decode step is
+        known, or one with ``learn`` off (warmup's first pass)."""
+        self._measure(now)
         started = self._started.pop(key, None)
-        dispatched_at = self._in_step.pop(key, None)
+        in_step = self._in_step.pop(key, None)
         if started is None:
-            started = dispatched_at
-        if (not learn or started is None or step_s is None or step_tokens <= 0
-                or tokens_ahead <= 0):
-            return
-        wait_s = now - started
-        per_token = (wait_s - math.ceil(tokens_ahead / step_tokens) * step_s) / tokens_ahead
-        if per_token > 0:
-            self.token_s = geometric_step(self.token_s, per_token, self.weight)
+            started = in_step
+        self._firsts.append((now, max(0, prompt_tokens)))
+        if learn and started is not None and step_s is not None and step_tokens > 0:
+            self._open.append(_Wait(started, now, step_s, step_tokens))
+        self._prune()
+
+    def _measure(self, now: float) -> None:
+        """Learn from the open waits whose step's outputs came before ``now``."""
+        still: list[_Wait] = []
+        for wait in self._open:
+            gap = STEP_GAP_SHARE * wait.step_s
+            if now <= wait.ended + gap:
+                still.append(wait)
+                continue
+            tokens = sum(prompt for at, prompt in self._firsts
+                         if wait.started + gap < at <= wait.ended + gap)
+            if tokens <= 0:
+                continue
+            fixed = math.ceil(tokens / wait.step_tokens) * wait.step_s
+            per_token = (wait.ended - wait.started - fixed) / tokens
+            if per_token > 0:
+                self.token_s = geometric_step(self.token_s, per_token, self.weight)
+        self._open = still
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the first tokens before every open or future wait's start."""
+        oldest = min([wait.started for wait in self._open] + list(self._started.values())
+                     + list(self._in_step.values()), default=math.inf)
+        firsts = self._firsts
+        while firsts and firsts[0][0] <= oldest:
+            firsts.popleft()
 
     def forget(self, key: int) -> None:
         """Request ``key`` ended without a first token (failed, cancelled)."""
         self._started.pop(key, None)
         self._in_step.pop(key, None)
+        self._prune()
 
     def rate(self, step_s: float | None, step_tokens: int) -> float | None:
         """Prompt tokens a second in full steps of ``step_tokens`` each costing ``step_s`` more
@@ -301,6 +360,8 @@ class PrefillCost:
         self.token_s = None
         self._started.clear()
         self._in_step.clear()
+        self._open.clear()
+        self._firsts.clear()
 
 
 SO_FAR_TOKENS = 8
