@@ -238,6 +238,26 @@ def test_a_backlog_that_ran_dry_after_refusals_raises_the_target() -> None:
     assert gate.target_s == pytest.approx(1.5 + 2 * TARGET_STEP * 2.0)
 
 
+def test_a_backlog_that_ran_dry_without_room_in_the_engine_leaves_the_target() -> None:
+    """The backlog emptied after refusals while the running answers hold the engine's KV pool
+    (``room`` says no request could start at once): the refusals were of requests that would
+    have waited for room, and the target stays. In a sustained surge of short chats on the CPU
+    build the backlog emptied after every wave so, and the step took the target to 1.79 s (0.9
+    of the SLO); 3 of 82 admitted started late (the code before raised it each time)."""
+    room = [False]
+    gate = steered()
+    gate.room = lambda: room[0]
+    gate.enter("a", 100, 1.0)
+    gate.refused()
+    gate.first_token("a", 1.3)
+    assert gate.target_s == pytest.approx(1.5)
+    gate.enter("b", 100, 2.0)
+    gate.refused()
+    room[0] = True
+    gate.first_token("b", 2.3)
+    assert gate.target_s == pytest.approx(1.5 + TARGET_STEP * 2.0)
+
+
 def test_a_backlog_with_a_late_first_token_does_not_raise_the_target_when_it_runs_dry() -> None:
     """A stretch in which a request the cap admitted was late did not run short of work: it
     ends without the ran-dry step, after the late rule's decrease (the late rule took the

@@ -249,7 +249,8 @@ class AdmissionController:
         self.clock = clock
         self.prior_rate = prior_rate
         self.valve = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate,
-                                  step_tokens=step_tokens, slo_s=ttft_slo_s)
+                                  step_tokens=step_tokens, slo_s=ttft_slo_s,
+                                  room=self._room_for_one)
         self.prefill = PrefillValve(target_s=TARGET_SHARE * ttft_slo_s, rate=prior_rate)
         """The engine's prefill rate: the valve's measure over *dispatched* requests only
         (entered at dispatch, left at the first token), without their waits for KV room
@@ -632,6 +633,14 @@ class AdmissionController:
         block_size = self.ledger.capacity.block_size
         held = sum(ticket.holder(block_size).end_blocks for ticket in self._running.values())
         return held + blocks <= self.ledger.pool_blocks
+
+    def _room_for_one(self) -> bool:
+        """Whether the engine could start a request of the mean admitted prompt at once: a
+        sequence free, and KV room beside what the running answers will hold at their ends (the
+        valve's ran-dry rule asks, when its backlog empties after refusals)."""
+        tokens = round(self.prompt_mean or 0.0) + 1
+        return (self._running_sequences < self.max_running
+                and self._fits_beside_ends(self.ledger.blocks_for(tokens)))
 
     # --- dispatch ---
     def _blocked(self, ticket: _Ticket) -> RefusalReason | None:
