@@ -8,6 +8,7 @@ import pytest
 
 from gateway.admission.valve import (
     LATE_SHARE,
+    LOW_SAMPLES,
     STANDING_DECREASE,
     TARGET_MAX_SHARE,
     TARGET_MIN_SHARE,
@@ -151,6 +152,29 @@ def test_the_retry_after_is_the_time_until_the_backlog_with_it_drains_to_the_tar
     gate.enter("a", 2500, 0.0)
     assert gate.drain_s(500, 0.0) == pytest.approx(2.0)
     assert gate.drain_s(0, 0.0) == pytest.approx(1.5)
+
+
+def test_the_low_rate_is_the_slowest_of_the_last_eight_windows() -> None:
+    """Each request alone, from empty backlog to empty: a window each. One at 500 tokens a
+    second among windows at 1,000: the rate's recent level forgets it (the turnover's replay
+    predicts waits with :attr:`~PrefillValve.low`, not the level), the low rate keeps it for
+    :data:`LOW_SAMPLES` windows; before any window the low rate is the rate learned."""
+    gate = valve(rate=1000.0, weight=0.35)
+    assert gate.low == pytest.approx(1000.0)
+
+    def alone(key: str, seconds: float, at: float) -> None:
+        gate.enter(key, 500, at)
+        gate.first_token(key, at + seconds)
+
+    alone("slow", 1.0, 0.0)
+    for index in range(LOW_SAMPLES - 1):
+        alone(f"usual{index}", 0.5, 10.0 + index)
+    assert gate.windows == LOW_SAMPLES
+    assert gate.rate > 900 and gate.low == pytest.approx(500.0)
+    alone("one more", 0.5, 30.0)
+    assert gate.low == pytest.approx(1000.0)
+    gate.reset(2000.0)
+    assert gate.low == pytest.approx(2000.0)
 
 
 def test_reset_starts_again_from_a_rate_and_keeps_what_waits() -> None:

@@ -77,7 +77,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.admission.valve import geometric_step
+from gateway.admission.valve import LOW_SAMPLES, geometric_step
 
 STEP_WEIGHT = 0.2
 """How far one answer's decode step moves the log of the estimate (a wave of 20 answers moves
@@ -267,6 +267,8 @@ class PrefillCost:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         self.weight = weight
         self.token_s: float | None = None
+        self._recent: deque[float] = deque(maxlen=LOW_SAMPLES)
+        """The latest measures of seconds per token (:meth:`rate`'s ``slowest``)."""
         self._started: dict[int, float] = {}
         """When each dispatched request's own steps began (by its key), until its first token."""
         self._in_step: dict[int, float] = {}
@@ -331,6 +333,7 @@ class PrefillCost:
             per_token = (wait.ended - wait.started - fixed) / tokens
             if per_token > 0:
                 self.token_s = geometric_step(self.token_s, per_token, self.weight)
+                self._recent.append(per_token)
         self._open = still
         self._prune()
 
@@ -348,16 +351,21 @@ class PrefillCost:
         self._in_step.pop(key, None)
         self._prune()
 
-    def rate(self, step_s: float | None, step_tokens: int) -> float | None:
+    def rate(self, step_s: float | None, step_tokens: int, *, slowest: bool = False
+             ) -> float | None:
         """Prompt tokens a second in full steps of ``step_tokens`` each costing ``step_s`` more
-        than their tokens; None before a measure (or without a step)."""
+        than their tokens; None before a measure (or without a step). ``slowest``: at the
+        highest cost per token of the last :data:`~gateway.admission.valve.LOW_SAMPLES`
+        measures, not at their recent level."""
         if self.token_s is None or step_s is None or step_tokens <= 0:
             return None
-        return 1.0 / (self.token_s + step_s / step_tokens)
+        token_s = max(self._recent, default=self.token_s) if slowest else self.token_s
+        return 1.0 / (token_s + step_s / step_tokens)
 
     def reset(self) -> None:
         """Forget the estimate and the requests being timed (a new engine)."""
         self.token_s = None
+        self._recent.clear()
         self._started.clear()
         self._in_step.clear()
         self._open.clear()

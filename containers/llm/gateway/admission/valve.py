@@ -86,6 +86,7 @@ Pure module: standard library only.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -124,6 +125,9 @@ BOUND_AFTER = 0.5
 """A waiting request bounds the rate once it has waited this share of the target."""
 MIN_RATE = 1.0
 """Tokens a second the estimate never goes below (a cap of zero would only be the floor)."""
+LOW_SAMPLES = 8
+"""How many of the latest measures :attr:`PrefillValve.low` (and the turnover's
+:class:`~gateway.admission.turnover.PrefillCost`) keep to predict with the slowest."""
 
 
 
@@ -182,6 +186,7 @@ class PrefillValve:
         """Whether the engine could start another request at once (asked by the ran-dry rule
         only, when the backlog empties after refusals)."""
         self._rate = max(MIN_RATE, rate)
+        self._recent: deque[float] = deque(maxlen=LOW_SAMPLES)
         self._waiting: dict[Hashable, Waiting] = {}
         self.backlog = 0
         """Prompt tokens of the admitted requests still waiting for their first token."""
@@ -202,6 +207,13 @@ class PrefillValve:
     def rate(self) -> float:
         """The drain rate learned (prompt tokens a second)."""
         return self._rate
+
+    @property
+    def low(self) -> float:
+        """The slowest of the last :data:`LOW_SAMPLES` windows' measures (the learned rate
+        before any): the rate a wait predicted now can meet with few misses, where
+        :attr:`rate` is its recent level."""
+        return min(self._recent, default=self._rate)
 
     @property
     def waiting(self) -> int:
@@ -309,6 +321,7 @@ class PrefillValve:
         if self._drained > 0 and self._busy_s > 0:
             measured = max(MIN_RATE, self._drained / self._busy_s)
             self._rate = geometric_step(self._rate, measured, self.weight)
+            self._recent.append(measured)
             self.windows += 1
             self._whole = False
         self._busy_s, self._drained, self._due = 0.0, 0, None
@@ -372,6 +385,7 @@ class PrefillValve:
         """Start again from ``rate`` and the target it was built with (a new engine, or
         warmup's measuring pass); what is waiting stays counted."""
         self._rate = max(MIN_RATE, rate)
+        self._recent.clear()
         self.target_s = self._initial_target_s
         self._decreased_at = -math.inf
         self._interval_start, self._shortest_wait, self._refused = None, math.inf, False
