@@ -63,8 +63,9 @@ The rates are the engine's own, measured where the valve's are not mixed with KV
   used. Where requests reach the engine a prompt or two a step, those windows measure a step's
   latency per prompt; :class:`PrefillCost` measures the time per prompt token beyond each
   step's fixed cost (the decode step), and the controller predicts with the higher of the two
-  rates (full steps at that cost), each of which errs low for a reason of its own (see
-  ``AdmissionController.prefill_rate``).
+  rates (full steps at that cost), each of which errs low for a reason of its own, and each at
+  the slowest of its last :data:`~gateway.admission.valve.LOW_SAMPLES` measures, not their
+  recent level (see ``AdmissionController.prefill_rate``).
 
 Pure module: standard library only (and the valve's measure).
 """

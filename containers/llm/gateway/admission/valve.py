@@ -36,6 +36,12 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   without this the valve kept the backlog too small to ever see the batch's rate and refused
   12,898 requests of a closed loop of 64 (docs/gateway.md#surges).
 
+**The slowest recent measure** (:attr:`PrefillValve.low`): the valve also keeps its last
+:data:`LOW_SAMPLES` windows' measures, and the turnover's replay predicts waits with the slowest
+of them (``AdmissionController.prefill_rate``), where the cap keeps the level: a burst's prompts
+are prefilled in a few long steps whose first tokens come together, and a step slower than the
+level starts a whole batch late (docs/design-decisions.md#surge-admission, twentieth round).
+
 **The target follows the first tokens** (when the valve knows the SLO, ``slo_s``). A backlog
 does not drain at one rate: a burst on an idle engine starts the pool's worth at once and the
 next wave only as the first finishes its answers, so where the SLO falls in tokens of backlog
