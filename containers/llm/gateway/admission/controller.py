@@ -466,14 +466,17 @@ class AdmissionController:
         than the decode step beside running streams (their tokens' share: about 2.5 ms of 66 on an
         H200 with 64 streams), which the cost per token then over-subtracts.
 
-        Each measure at the slowest of its last :data:`~gateway.admission.valve.LOW_SAMPLES`
-        (:attr:`PrefillValve.low`, :meth:`PrefillCost.rate`'s ``slowest``), not at its recent
+        Each measure at the second slowest of its last
+        :data:`~gateway.admission.valve.LOW_SAMPLES` (:data:`~gateway.admission.valve.LOW_RANK`;
+        :attr:`PrefillValve.low`, :meth:`PrefillCost.rate`'s ``slowest``), not at its recent
         level: a burst's prompts are prefilled in a few long steps, all of one step's first
         tokens come when it ends, and a step that runs slower than the level predicted starts
         the whole batch late. On vLLM's CPU build the step that prefilled a burst's next six to
         eight prompts ran at 1,010 to 1,745 tokens a second within one run, and with the level
         7 of 46 bursts started such a batch 2.01-2.22 s after it arrived (issue 37, twentieth
-        round). Where the steps run alike (a GPU) the slowest is the level."""
+        round); with the slowest of eight none did, but each burst kept one prompt out that the
+        engine started within the SLO (twenty-first round). Where the steps run alike (a GPU)
+        the second slowest is the level."""
         rate = self.prefill.low
         stepped = self.prefill_cost.rate(step_s, self.valve.step_tokens, slowest=True)
         if stepped is not None:

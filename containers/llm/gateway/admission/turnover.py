@@ -64,8 +64,8 @@ The rates are the engine's own, measured where the valve's are not mixed with KV
   latency per prompt; :class:`PrefillCost` measures the time per prompt token beyond each
   step's fixed cost (the decode step), and the controller predicts with the higher of the two
   rates (full steps at that cost), each of which errs low for a reason of its own, and each at
-  the slowest of its last :data:`~gateway.admission.valve.LOW_SAMPLES` measures, not their
-  recent level (see ``AdmissionController.prefill_rate``).
+  the second slowest of its last :data:`~gateway.admission.valve.LOW_SAMPLES` measures, not
+  their recent level (see ``AdmissionController.prefill_rate``).
 
 Pure module: standard library only (and the valve's measure).
 """
@@ -78,7 +78,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.admission.valve import LOW_SAMPLES, geometric_step
+from gateway.admission.valve import LOW_SAMPLES, geometric_step, slow_pick
 
 STEP_WEIGHT = 0.2
 """How far one answer's decode step moves the log of the estimate (a wave of 20 answers moves
@@ -356,11 +356,12 @@ class PrefillCost:
              ) -> float | None:
         """Prompt tokens a second in full steps of ``step_tokens`` each costing ``step_s`` more
         than their tokens; None before a measure (or without a step). ``slowest``: at the
-        highest cost per token of the last :data:`~gateway.admission.valve.LOW_SAMPLES`
-        measures, not at their recent level."""
+        :data:`~gateway.admission.valve.LOW_RANK`-th highest cost per token of the last
+        :data:`~gateway.admission.valve.LOW_SAMPLES` measures, not at their recent level."""
         if self.token_s is None or step_s is None or step_tokens <= 0:
             return None
-        token_s = max(self._recent, default=self.token_s) if slowest else self.token_s
+        picked = slow_pick(self._recent, slow_is_high=True) if slowest else None
+        token_s = self.token_s if picked is None else picked
         return 1.0 / (token_s + step_s / step_tokens)
 
     def reset(self) -> None:

@@ -36,11 +36,12 @@ prefill throughput). The gateway keeps the rule and measures the cap instead of 
   without this the valve kept the backlog too small to ever see the batch's rate and refused
   12,898 requests of a closed loop of 64 (docs/gateway.md#surges).
 
-**The slowest recent measure** (:attr:`PrefillValve.low`): the valve also keeps its last
-:data:`LOW_SAMPLES` windows' measures, and the turnover's replay predicts waits with the slowest
-of them (``AdmissionController.prefill_rate``), where the cap keeps the level: a burst's prompts
-are prefilled in a few long steps whose first tokens come together, and a step slower than the
-level starts a whole batch late (docs/design-decisions.md#surge-admission, twentieth round).
+**A slow recent measure** (:attr:`PrefillValve.low`): the valve also keeps its last
+:data:`LOW_SAMPLES` windows' measures, and the turnover's replay predicts waits with the second
+slowest of them (:data:`LOW_RANK`; ``AdmissionController.prefill_rate``), where the cap keeps the
+level: a burst's prompts are prefilled in a few long steps whose first tokens come together, and
+a step slower than the level starts a whole batch late (docs/design-decisions.md#surge-admission,
+twentieth and twenty-first rounds).
 
 **The target follows the first tokens** (when the valve knows the SLO, ``slo_s``). A backlog
 does not drain at one rate: a burst on an idle engine starts the pool's worth at once and the
@@ -93,7 +94,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 DRAIN_WEIGHT = 0.35
@@ -133,7 +134,12 @@ MIN_RATE = 1.0
 """Tokens a second the estimate never goes below (a cap of zero would only be the floor)."""
 LOW_SAMPLES = 8
 """How many of the latest measures :attr:`PrefillValve.low` (and the turnover's
-:class:`~gateway.admission.turnover.PrefillCost`) keep to predict with the slowest."""
+:class:`~gateway.admission.turnover.PrefillCost`) keep to predict with a slow one."""
+LOW_RANK = 2
+"""Which of them the replay predicts with, counted from the slowest: the second slowest, so
+one step that ran slow alone does not hold every burst for eight measures (the slowest kept
+one prompt of each burst on vLLM's CPU build out that the engine started within the SLO;
+issue 37, twenty-first round)."""
 
 
 
@@ -142,6 +148,14 @@ def geometric_step(mean: float | None, value: float, weight: float) -> float:
     (``value`` itself when there is no mean yet): the one update every estimate of admission's
     uses (the drain rate here, the decode step, the screen's prompt and output means)."""
     return float(value) if mean is None else mean * (value / mean) ** weight
+
+
+def slow_pick(values: Iterable[float], *, slow_is_high: bool = False) -> float | None:
+    """The :data:`LOW_RANK`-th slowest of ``values`` (the fastest of them when there are fewer;
+    None when there are none): rates, slowest lowest, or with ``slow_is_high`` costs, slowest
+    highest."""
+    ordered = sorted(values, reverse=slow_is_high)
+    return ordered[min(LOW_RANK, len(ordered)) - 1] if ordered else None
 
 
 def always_room() -> bool:
@@ -216,10 +230,11 @@ class PrefillValve:
 
     @property
     def low(self) -> float:
-        """The slowest of the last :data:`LOW_SAMPLES` windows' measures (the learned rate
-        before any): the rate a wait predicted now can meet with few misses, where
-        :attr:`rate` is its recent level."""
-        return min(self._recent, default=self._rate)
+        """The :data:`LOW_RANK`-th slowest of the last :data:`LOW_SAMPLES` windows' measures
+        (:func:`slow_pick`; the learned rate before any): the rate a wait predicted now can
+        meet with few misses, where :attr:`rate` is its recent level."""
+        picked = slow_pick(self._recent)
+        return self._rate if picked is None else picked
 
     @property
     def waiting(self) -> int:
