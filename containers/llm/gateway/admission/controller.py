@@ -474,9 +474,10 @@ class AdmissionController:
         the whole batch late. On vLLM's CPU build the step that prefilled a burst's next six to
         eight prompts ran at 1,010 to 1,745 tokens a second within one run, and with the level
         7 of 46 bursts started such a batch 2.01-2.22 s after it arrived (issue 37, twentieth
-        round); with the slowest of eight none did, but each burst kept one prompt out that the
-        engine started within the SLO (twenty-first round). Where the steps run alike (a GPU)
-        the second slowest is the level."""
+        round); with the slowest of eight none did, but one slow step held every burst for eight
+        measures (the whole burst protocol: 106 within the SLO, 116 with the second slowest,
+        none late; twenty-first round). Where the steps run alike (a GPU) the second slowest is
+        the level."""
         rate = self.prefill.low
         stepped = self.prefill_cost.rate(step_s, self.valve.step_tokens, slowest=True)
         if stepped is not None:
