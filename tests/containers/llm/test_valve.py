@@ -159,9 +159,9 @@ def test_the_low_rate_is_the_second_slowest_of_the_last_eight_windows() -> None:
     """Each request alone, from empty backlog to empty: a window each. Windows at 1,000 tokens
     a second, one at 500 among them: the low rate passes it by (one step that ran slow alone
     does not hold every burst for eight windows); with a second at 400 it is 500, the faster
-    of the two, while the rate's recent level forgets both (the
-    turnover's replay predicts waits with :attr:`~PrefillValve.low`, not the level). Eight
-    windows later they are gone; before any window the low rate is the rate learned."""
+    of the two, while the rate's recent level forgets both (the turnover's replay predicts
+    waits with :attr:`~PrefillValve.low`, not the level). Eight windows later they are gone;
+    before any window the low rate is the rate learned."""
     gate = valve(rate=1000.0, weight=0.35)
     assert gate.low == pytest.approx(1000.0)
 
