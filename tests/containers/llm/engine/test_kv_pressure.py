@@ -1,8 +1,10 @@
 """KV-aware admission on a real engine whose KV pool holds only a handful of maximum-length
 sequences: under 64 concurrent long requests the gateway dispatches by vLLM's own rule (a prompt
 goes when it fits beside what the running requests hold now), serves what can start within the
-TTFT SLO without waiting for KV room or a slot of its length bucket, refuses the rest on arrival with 429 + Retry-After (never after a wait), counts the
-preemptions vLLM makes as the answers grow (few: no thrash), and nothing answers 5xx."""
+TTFT SLO (at once, or in a later wave when the running answers free KV room or a slot of its
+length bucket in time), refuses the rest on arrival with 429 + Retry-After (never after a
+wait), counts the preemptions vLLM makes as the answers grow (few: no thrash), and nothing
+answers 5xx."""
 
 from __future__ import annotations
 
@@ -92,10 +94,16 @@ def test_a_small_pool_under_64_long_requests_sheds_what_would_miss_the_slo(
     # Refused on arrival, not after a wait in the queue. (Its latency_ms now counts from when its
     # headers reached the gateway, so it includes the parsing of the burst's 63 others.)
     assert max(line["queue_wait_ms"] for line in refusals) < 50
-    # What is admitted starts without waiting for a slot of its bucket or for KV room.
+    # What is admitted has its first token within the SLO: at once, or in a later wave once the
+    # running answers give back KV room or a slot of the XL bucket, where the turnover's replay
+    # says that wave starts in time (queue_wait_ms: until dispatch; ttft_ms: from dispatch).
     served_lines = [line for line in requests if line["status"] == 200]
     assert len(served_lines) == len(served)
-    assert max(line["queue_wait_ms"] for line in served_lines) < 500, served_lines
+    firsts = sorted(line["queue_wait_ms"] + line["ttft_ms"] for line in served_lines)
+    waited = [line for line in served_lines if line["queue_wait_ms"] >= 500]
+    print(f"first tokens of the admitted, ms from admission: {[round(t) for t in firsts]}; "
+          f"{len(waited)} dispatched after waiting for room or a slot")
+    assert firsts[-1] <= SLO_S * 1000, served_lines
     assert all(body["mangaassist"]["fallback"] is None for body in served)
     # Long requests: prompt + 160 output tokens over a quarter of the 1,024-token window.
     assert all(body["mangaassist"]["bucket"] in ("L", "XL") for body in served)
