@@ -143,21 +143,3 @@ def test_on_two_workers_the_engine_tier_and_each_module_stay_on_one_worker(
     assert first_engine < 40, f"the engine tier goes out first, not after {first_engine} tests"
     assert all(len(w) == 1 for w in workers.values()), workers
     assert len(set().union(*workers.values())) == 2, "both workers took work"
-
-
-def test_the_modules_with_a_test_over_the_budget_go_out_before_the_rest(tmp_path: Path) -> None:
-    """After the engine tier, a module that marks a test ``budget`` goes out before modules with
-    more tests (xdist's own order), so that a long module does not run on alone at the end."""
-    log = tmp_path / "where.log"
-    engine = RECORD.format(mark="pytestmark = pytest.mark.engine", log=log, count=2)
-    files = {"tests/containers/llm/engine/test_engine_0.py": engine}
-    files.update({f"tests/test_module_{n}.py": RECORD.format(mark="", log=log, count=20)
-                  for n in range(4)})
-    files["tests/test_long.py"] = RECORD.format(
-        mark='pytestmark = pytest.mark.budget(reason="long on purpose")', log=log, count=1)
-    result = run(suite(tmp_path, files), "-n", "2", "--dist", "loadscope")
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line.split() for line in log.read_text(encoding="utf-8").splitlines()]
-    engine_worker = next(worker for module, worker in lines if "test_engine_" in module)
-    other = [module for module, worker in lines if worker != engine_worker]
-    assert other[0].endswith("test_long"), other[:3]

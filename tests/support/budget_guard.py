@@ -5,8 +5,7 @@
 * **The real-engine tier stays on one worker, each other module on one worker.** With xdist,
   ``ModuleScheduling`` hands out whole modules (a module's fixtures are set up once, not once per
   worker) and the tier's folder, ``tests/containers/llm/engine/``, as one unit: it runs one engine
-  module at a time, as it was written to, while the other worker takes the rest of the suite,
-  the modules with a test over the budget first.
+  module at a time, as it was written to, while the other worker takes the rest of the suite.
   (xdist's own ``loadgroup`` cannot do this under pytest 9.2: it renames ``item._nodeid``, which
   pytest 9 no longer reads.) Every test in that folder must be marked ``engine`` and none
   outside it, so ``make test-engine`` (``-m engine``) and the scheduler agree.
@@ -22,7 +21,6 @@ Without ``--test-budget`` (a developer's targeted run) nothing is enforced or pr
 from __future__ import annotations
 
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,41 +129,19 @@ class BudgetGuard:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def declares_budget(root: Path, unit: str) -> bool:
-    """Whether the module ``unit`` (a path from ``root``) marks a test ``budget``: one of its
-    tests takes longer than the per-test budget. xdist orders modules by their number of tests,
-    which says little about their time: the soak (one test, 10,000 requests, 30-45 s) would go
-    out among the last, and a long module last runs on after the other worker is done. The
-    controller sees node ids, not marks, so it reads the module's source."""
-    try:
-        return "pytest.mark.budget" in (root / unit).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
 def module_scheduling(config: pytest.Config, log: Any) -> Any:
     """xdist's scheduler for ``make test``: whole modules, and the engine tier as one unit
     (``pytest_xdist_make_scheduler``; tests/conftest.py registers it where xdist is loaded)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    root = config.rootpath
-
     class ModuleScheduling(LoadScopeScheduling):
         """LoadScopeScheduling whose scope is a module, or the engine tier's folder, which goes
-        out first: it is the longest unit, and the other worker fills in around it. Then the
-        modules that declare a test over the budget (:func:`declares_budget`), then the rest
-        in xdist's order (most tests first)."""
-
-        _ordered = False
+        out first: it is the longest unit, and the other worker fills in around it."""
 
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            if not self._ordered:
-                self._ordered = True
-                for unit in [unit for unit in self.workqueue if declares_budget(root, unit)][::-1]:
-                    self.workqueue.move_to_end(unit, last=False)
             if ENGINE_TIER in self.workqueue:
                 self.workqueue.move_to_end(ENGINE_TIER, last=False)
             super()._assign_work_unit(node)
