@@ -184,7 +184,7 @@ typecheck: setup ## mypy on the application code, the operator commands, the che
 # pytest runs on PYTEST_WORKERS xdist workers, a module at a time; the real-engine tier stays together.
 PYTEST_WORKERS ?= 2
 TEST_BUDGET_S ?= 60
-test: ## ruff, mypy and the whole test suite (real-engine tier included) on two workers; prints its duration and the ten slowest tests ## about 11 min; a fresh clone's first run, set-up included, about 16 min
+test: ## ruff, mypy and the whole test suite (real-engine tier included) on two workers; prints its duration and the ten slowest tests ## about 12 min; a fresh clone's first run, set-up included, about 16 min
 	@start=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory test-steps || status=$$?; \
 	elapsed=$$(( $$(date +%s) - start )); \
