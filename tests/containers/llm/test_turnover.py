@@ -363,10 +363,10 @@ def test_the_replay_predicts_with_the_second_slowest_of_the_last_eight_measures(
     admitted (the slowest, 6,600 tokens a second, admitted 42: on vLLM's CPU build its whole
     burst protocol served 106 within the SLO where the second slowest served 116, none late
     with either; issue 37, twenty-first round); after two, 42 are. Eight ordinary measures
-    after the first slow one it is forgotten, and all 64 are again. With the recent level, bursts on vLLM's CPU build,
-    whose step that prefills a burst's next six to eight prompts ran at 1,010 to 1,745 tokens a
-    second within one run, started a whole batch after the SLO in 7 of 46 rounds (twentieth
-    round)."""
+    after the first slow one it is forgotten, and all 64 are again. With the recent level,
+    bursts on vLLM's CPU build, whose step that prefills a burst's next six to eight prompts
+    ran at 1,010 to 1,745 tokens a second within one run, started a whole batch after the SLO
+    in 7 of 46 rounds (twentieth round)."""
     clock = FakeClock()
 
     async def scenario(slow: int, ordinary: int) -> tuple[float | None, int]:
