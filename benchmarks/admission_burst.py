@@ -35,6 +35,11 @@ round and their order rotating by one at each round; every figure reported is th
 the rounds. ``--fresh`` measures the other case instead, what an instance that autoscaling adds
 in a surge meets: each burst is the first traffic of a server started for it alone (after its
 own start-up and, for the gateway, its warmup), stopped after it.
+Two more tables: how near the SLO each server's starts came (within it, 100 and 200 ms before
+it), and how each server's second wave moved with its first over the rounds from 2× up (the
+first wave's last start and the second wave's first, p10 / p50 / p90, and the least-squares ms
+of the second per ms of the first: the second wave starts when the first one's answers end, so
+its start moves with a pace that an admission deciding on arrival has not seen yet).
 The best valve is, at each burst, the valve setting with the most answers within the SLO.
 Targets: at every burst the gateway's answers within the SLO ≥ 0.95 × vLLM's without a cap and ≥
 the best valve's, the gateway's admitted TTFT p99 ≤ the SLO, and for bursts up to 8× the p99 of
@@ -308,6 +313,30 @@ def near_slo_table(results: Results, sizes: Mapping[float, int], slo_ms: float) 
     return "\n".join(lines)
 
 
+def wave_table(results: Results) -> str:
+    """Each server's two waves over every round from 2× up (:func:`admission_common.wave_pace`)."""
+    found: dict[str, list[common.Waves]] = {}
+    for multiple, by_server in results.items():
+        if multiple < 2:
+            continue
+        for name, bursts in by_server.items():
+            found.setdefault(name, []).extend(
+                w for w in (common.waves(_starts(b)) for b in bursts) if w is not None)
+    lines = ["| server | rounds with two waves | first wave's last start, ms (p10 / p50 / p90) | "
+             "second wave's first start, ms (p10 / p50 / p90) | ms per ms (fit) | r |",
+             "|---|---:|---|---|---:|---:|"]
+    for name, waves in found.items():
+        pace = common.wave_pace(waves)
+        if pace is None:
+            lines.append(f"| {name} | {len(waves)} | – | – | – | – |")
+            continue
+        first = " / ".join(f"{ms:.0f}" for ms in pace.first_last_ms)
+        second = " / ".join(f"{ms:.0f}" for ms in pace.second_first_ms)
+        lines.append(f"| {name} | {pace.rounds} | {first} | {second} | {pace.slope:.2f} | "
+                     f"{pace.correlation:.2f} |")
+    return "\n".join(lines)
+
+
 def report(results: Results, sizes: Mapping[float, int], slo_ms: float
            ) -> tuple[str, list[tuple[str, bool]]]:
     """The markdown table (medians over rounds, then the gateway's ratios) and the targets."""
@@ -373,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nHow near the SLO each server's starts came (medians over the rounds; an admission "
           "deciding on arrival keeps at most the answers within its own error of the SLO):\n")
     print(near_slo_table(results, sizes, args.slo_s * 1000))
+    print("\nHow each server's second wave moved with its first, over the rounds from 2× up (it "
+          "starts when the first wave's answers end; a decision on arrival comes before the "
+          "first wave's pace shows):\n")
+    print(wave_table(results))
     print("\ntargets:" if found else "\ntargets: not evaluated (no gateway)")
     for text, met in found:
         print(f"* {'met' if met else 'MISSED'}: {text}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -418,6 +419,66 @@ def near_slo(starts_ms: Sequence[float], slo_ms: float) -> NearSlo:
                      for margin in (0.0, *NEAR_SLO_MARGINS_MS)),
         last_within_ms=max((t for t in starts_ms if t <= slo_ms), default=math.nan),
         first_after_ms=min((t for t in starts_ms if t > slo_ms), default=math.nan))
+
+
+WAVE_GAP_MS = 400.0
+"""A gap between consecutive first tokens of a burst at least this long ends its first wave: on
+the CPU build a wave's prefill steps start a batch every 0.1-0.35 s, and the next wave waits for
+the first wave's answers to end (about a second)."""
+
+
+@dataclass(frozen=True)
+class Waves:
+    """When a burst's first wave of starts ended and its second began (:func:`waves`)."""
+
+    first_last_ms: float
+    second_first_ms: float
+
+
+def waves(starts_ms: Sequence[float], gap_ms: float = WAVE_GAP_MS) -> Waves | None:
+    """The first gap of at least ``gap_ms`` between consecutive first tokens ``starts_ms``: the
+    first wave's last start and the second wave's first (None: one wave)."""
+    ordered = sorted(starts_ms)
+    for before, after in itertools.pairwise(ordered):
+        if after - before >= gap_ms:
+            return Waves(before, after)
+    return None
+
+
+@dataclass(frozen=True)
+class WavePace:
+    """How a burst's second wave moves with its first, over rounds (:func:`wave_pace`)."""
+
+    rounds: int
+    first_last_ms: tuple[float, float, float]
+    """The first wave's last start: p10, p50, p90 over the rounds."""
+    second_first_ms: tuple[float, float, float]
+    """The second wave's first start: p10, p50, p90."""
+    slope: float
+    """Least-squares ms of the second wave's start per ms of the first wave's end."""
+    correlation: float
+
+
+def wave_pace(found: Sequence[Waves]) -> WavePace | None:
+    """The spread of both waves' starts and the fit of the second on the first over the rounds
+    that had two waves (None: fewer than three, or no spread to fit). The second wave starts when
+    the first wave's answers end, so it moves with the pace of that first wave — a pace an
+    admission that decides on arrival has not seen yet (docs/gateway.md#surges)."""
+    if len(found) < 3:
+        return None
+    first = [w.first_last_ms for w in found]
+    second = [w.second_first_ms for w in found]
+
+    def spread(values: list[float]) -> tuple[float, float, float]:
+        tenths = statistics.quantiles(values, n=10, method="inclusive")
+        return tenths[0], statistics.median(values), tenths[-1]
+
+    try:
+        fit = statistics.linear_regression(first, second)
+        correlation = statistics.correlation(first, second)
+    except statistics.StatisticsError:
+        return None
+    return WavePace(len(found), spread(first), spread(second), fit.slope, correlation)
 
 
 def median(values: Sequence[float]) -> float:
