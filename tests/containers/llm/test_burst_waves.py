@@ -4,30 +4,16 @@ with the first over rounds (docs/gateway.md#surges, "Twenty-third round")."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support.benchmark_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def common() -> ModuleType:
-    # As the benchmarks import it: their folder first on sys.path (engine_servers beside it).
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "admission_common", REPO / "benchmarks" / "admission_common.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["admission_common"] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return module
+    return load_benchmark("admission_common")
 
 
 def burst(first_end_ms: float, second_start_ms: float) -> list[float]:

@@ -3,7 +3,6 @@ request, and names the vLLM it ran (the installed one, not a version written int
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import stat
 import sys
@@ -12,23 +11,14 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.benchmark_module import load_benchmark
+
 REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def client() -> ModuleType:
-    # As `python benchmarks/vllm_bench_client.py` runs it: its folder first on sys.path, for
-    # benchmarks/engine_servers.py beside it.
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "vllm_bench_client", REPO / "benchmarks" / "vllm_bench_client.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return module
+    return load_benchmark("vllm_bench_client")
 
 
 def test_make_bench_enforces_zero_failed_requests() -> None:
