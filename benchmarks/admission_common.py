@@ -470,8 +470,7 @@ def wave_pace(found: Sequence[Waves]) -> WavePace | None:
     second = [w.second_first_ms for w in found]
 
     def spread(values: list[float]) -> tuple[float, float, float]:
-        tenths = statistics.quantiles(values, n=10, method="inclusive")
-        return tenths[0], statistics.median(values), tenths[-1]
+        return percentile(values, 0.1), median(values), percentile(values, 0.9)
 
     try:
         fit = statistics.linear_regression(first, second)
