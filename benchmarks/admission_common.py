@@ -480,6 +480,34 @@ def wave_pace(found: Sequence[Waves]) -> WavePace | None:
     return WavePace(len(found), spread(first), spread(second), fit.slope, correlation)
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """What the engine can serve at best, measured on vLLM's server without a cap: the most
+    requests a second that closed loops of several sizes completed (``rate``, at ``clients``),
+    and the most requests its pool holds at once (``held``: the pool's blocks over the blocks of
+    the mix's smallest prompt and its first token, as vLLM admits them)."""
+
+    rate: float
+    clients: int
+    held: int
+
+    def bound(self, duration_s: float, slo_s: float) -> float:
+        """The most answers within the SLO any admission could give to arrivals over
+        ``duration_s``: each had its first token within ``duration_s + slo_s`` of the first
+        arrival, and by then either ended (at most ``rate`` a second from an idle start) or is
+        still running (at most ``held``). An upper bound as good as ``rate`` is the engine's
+        best: the closed loops' sizes are the ones tried, not every one."""
+        return self.rate * (duration_s + slo_s) + self.held
+
+
+def best_closed_loop(rates: Mapping[int, float]) -> tuple[int, float]:
+    """The closed loop (clients, completed requests a second) that completed the most."""
+    if not rates:
+        raise ValueError("rates must name at least one closed loop")
+    clients = max(rates, key=lambda size: rates[size])
+    return clients, rates[clients]
+
+
 def median(values: Sequence[float]) -> float:
     """The median of the values that are not NaN (NaN when none is)."""
     known = [value for value in values if not math.isnan(value)]

@@ -39,6 +39,13 @@ second it does not take the CPU the server under test needs; each run reports th
 (scheduled arrival to headers sent, p99). ``--server-nice`` runs the servers below the client's
 priority, on a machine nothing else runs on.
 
+The engine's **ceiling** bounds what any admission could serve (``--no-ceiling`` skips it):
+after the warm-up, closed loops of 8, 16, 32 and 64 clients on vLLM's server without a cap, 10 s
+each per mix; an answer within the SLO had its first token within the run's seconds + the SLO,
+and by then it either ended (at most the best loop's rate) or still runs (at most the requests
+the pool holds at once). The report gives each server's good answers as a share of that bound,
+beside what the gateway's target asks.
+
 Targets (``--check`` exits 1 when one is missed): on both mixes and at every multiple the
 gateway's good answers ≥ the best valve's (tuned on short), ≥ 1.1× on the long mix; the gateway's
 admitted TTFT p99 ≤ the SLO; its refusals' p99 at the client ≤ 50 ms. A benchmark, not a test:
@@ -75,6 +82,8 @@ MIXES = ("short", "long")
 CLOSED_LOOP_CLIENTS = 16
 CLOSED_LOOP_S = 20.0
 WARM_UP_S = 5.0
+CEILING_CLIENTS = (8, 16, 32, 64)
+CEILING_S = 10.0
 LONG_TARGET_RATIO = 1.1
 Messages = list[dict[str, str]]
 RunKey = tuple[str, float, str]
@@ -244,6 +253,62 @@ def sustainable_rates(server: ServerProcess, plan: Plan,
     return rates
 
 
+def prompt_blocks(messages: Messages, tokens: Callable[[str], int], block_size: int) -> int:
+    """The KV blocks vLLM admits ``messages`` with: each message's content + 5 template tokens,
+    + 1 (as admission_burst's fits()), and the first answer token."""
+    prompt = sum(tokens(message["content"]) + 5 for message in messages) + 1
+    return -(-(prompt + 1) // block_size)
+
+
+def ceilings(server: ServerProcess, plan: Plan, mixes: Mapping[str, Callable[[int], Messages]],
+             engine: EngineConfig, tokens: Callable[[str], int]) -> dict[str, common.Ceiling]:
+    """Each mix's :class:`admission_common.Ceiling` on vLLM's server without a cap: closed loops
+    of :data:`CEILING_CLIENTS` for :data:`CEILING_S` each, and the pool over the mix's smallest
+    prompt (of 50)."""
+    assert engine.num_gpu_blocks is not None
+    found = {}
+    for index, mix in enumerate(plan.mixes):
+        rates = {}
+        for clients in CEILING_CLIENTS:
+            rates[clients] = asyncio.run(closed_loop(
+                server.url, common.request_path("vllm"), mixes[mix],
+                600_000_000 + index * 1_000_000 + clients * 10_000, clients=clients,
+                seconds=CEILING_S))
+            print(f"  ceiling, {mix}: {rates[clients]:.2f} completed/s with {clients} clients "
+                  f"({CEILING_S:g} s, vllm)", file=sys.stderr, flush=True)
+        smallest = min(prompt_blocks(mixes[mix](seed), tokens, engine.block_size)
+                       for seed in range(50))
+        clients, rate = common.best_closed_loop(rates)
+        found[mix] = common.Ceiling(rate, clients, engine.num_gpu_blocks // smallest)
+    return found
+
+
+def ceiling_table(summary: Mapping[RunKey, Figures], plan: Plan,
+                  found: Mapping[str, common.Ceiling]) -> str:
+    """Each (mix, multiple)'s ceiling and every server's good answers as a share of it, with
+    what the gateway's target asks (the tuned valve's good, 1.1× on the long mix)."""
+    duration_s, slo_s = plan.duration_s, plan.slo_ms / 1000
+    valve, _ = tuned_valve(summary, plan)
+    lines = ["| mix | multiple | ceiling: best closed loop, pool → at most | "
+             + " | ".join(plan.servers) + " | the gateway's target |",
+             "|---|---|---|" + "---:|" * len(plan.servers) + "---:|"]
+    for mix in plan.mixes:
+        ceiling = found[mix]
+        bound = ceiling.bound(duration_s, slo_s)
+        factor = LONG_TARGET_RATIO if mix == "long" else 1.0
+        for multiple in plan.multiples:
+            shares = [f"{summary[(mix, multiple, name)].good:g} "
+                      f"({summary[(mix, multiple, name)].good / bound:.0%})"
+                      for name in plan.servers]
+            asked = ("–" if valve is None else
+                     f"{factor * summary[(mix, multiple, valve)].good:.0f} "
+                     f"({factor * summary[(mix, multiple, valve)].good / bound:.0%})")
+            lines.append(f"| {mix} | {multiple:g}× | {ceiling.rate:.2f}/s ({ceiling.clients} "
+                         f"clients) × {duration_s + slo_s:g} s + {ceiling.held} → {bound:.0f} "
+                         f"| " + " | ".join(shares) + f" | {asked} |")
+    return "\n".join(lines)
+
+
 def summarize(results: Mapping[RunKey, list[list[Outcome]]], slo_ms: float
               ) -> dict[RunKey, Figures]:
     """Each (mix, multiple, server)'s figures: the median over repetitions."""
@@ -358,12 +423,15 @@ def client_lag_ms(results: Mapping[RunKey, list[list[Outcome]]]) -> float:
 
 
 def write_json(path: Path, plan: Plan, rates: Mapping[str, float],
-               results: Mapping[RunKey, list[list[Outcome]]]) -> None:
-    """The raw outcomes of every run, with what was run."""
+               results: Mapping[RunKey, list[list[Outcome]]],
+               found: Mapping[str, common.Ceiling]) -> None:
+    """The raw outcomes of every run, with what was run and each mix's ceiling."""
     runs = [{"mix": mix, "multiple": multiple, "server": server,
              "repeats": [[outcome.__dict__ for outcome in run] for run in repeats]}
             for (mix, multiple, server), repeats in results.items()]
-    path.write_text(json.dumps({"plan": plan.__dict__, "rates": dict(rates), "runs": runs}))
+    path.write_text(json.dumps({"plan": plan.__dict__, "rates": dict(rates), "runs": runs,
+                                "ceilings": {mix: ceiling.__dict__
+                                             for mix, ceiling in found.items()}}))
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -389,6 +457,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--server-nice", type=int, default=0,
         help="run the servers at this niceness, so that the client goes first (only on a "
              "machine nothing else runs on: there other work at 0 would starve them)")
+    add("--no-ceiling", dest="ceiling", action="store_false",
+        help="skip measuring the engine's ceiling (closed loops of 8-64 clients on vLLM without "
+             "a cap, 10 s each per mix; --quick skips it too)")
     add("--quick", action="store_true", help="a smoke run: 10 s, 1 repeat, one valve setting")
     add("--json", type=Path, help="also write the raw outcomes here")
     add("--check", action="store_true", help="exit 1 when a target is missed")
@@ -416,7 +487,8 @@ def given_rates(args: argparse.Namespace) -> dict[str, float] | None:
 
 
 def print_report(plan: Plan, rates: Mapping[str, float], results: Mapping[RunKey, list[list[
-        Outcome]]], long_tokens: int, engine: EngineConfig) -> bool:
+        Outcome]]], long_tokens: int, engine: EngineConfig,
+                 ceiling_of: Mapping[str, common.Ceiling]) -> bool:
     """The table and the targets on stdout; whether every target was met."""
     summary = summarize(results, plan.slo_ms)
     xl = bucket_bounds(engine.max_model_len).label("XL")
@@ -430,6 +502,13 @@ def print_report(plan: Plan, rates: Mapping[str, float], results: Mapping[RunKey
           f"repetition(s); good = 200, no fallback, first chunk within {plan.slo_ms / 1000:g} s "
           "of the headers leaving the client.\n")
     print(table(summary, plan, rates))
+    if ceiling_of:
+        print("\nThe engine's ceiling: the most answers within the SLO any admission could give "
+              "(each one's first token comes within the arrivals' seconds + the SLO, and by then "
+              "it ended, at most the best closed loop's rate on vLLM without a cap from an idle "
+              "start, or still runs, at most what the pool holds), and each server's good "
+              "answers as a share of it:\n")
+        print(ceiling_table(summary, plan, ceiling_of))
     pairs = paired(results, plan)
     if pairs:
         print("\nThe gateway against each server, repetition by repetition (good answers, the "
@@ -454,19 +533,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     served = common.served()
     engine = EngineConfig(num_gpu_blocks=args.pool_blocks, max_loras=1)
     long_tokens = long_prompt_tokens(engine)
-    mixes = {"short": chat, "long": LongChats(served.model_dir, long_tokens)}
+    long_chats = LongChats(served.model_dir, long_tokens)
+    mixes: dict[str, Callable[[int], Messages]] = {"short": chat, "long": long_chats}
     rates = given_rates(args)
-    names = [*plan.servers, *(["vllm"] if rates is None and "vllm" not in plan.servers else [])]
+    ceiling = args.ceiling and not args.quick
+    needs_vllm = (rates is None or ceiling) and "vllm" not in plan.servers
+    names = [*plan.servers, *(["vllm"] if needs_vllm else [])]
     with common.running(names, served, engine, log_prefix="admission-surge-") as servers:
         if plan.server_nice:
             for server in servers.values():
                 common.renice(server, plan.server_nice)
         warm_up(servers, plan, mixes)
         rates = rates or sustainable_rates(servers["vllm"], plan, mixes)
+        found = (ceilings(servers["vllm"], plan, mixes, engine, long_chats.tokens)
+                 if ceiling else {})
         results = measure(servers, plan, rates, mixes)
-    ok = print_report(plan, rates, results, long_tokens, engine)
-    if args.json:
-        write_json(args.json, plan, rates, results)
+    if args.json:  # first: a report that fails still leaves the runs
+        write_json(args.json, plan, rates, results, found)
+    ok = print_report(plan, rates, results, long_tokens, engine, found)
     return 1 if args.check and not ok else 0
 
 
