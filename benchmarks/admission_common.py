@@ -496,7 +496,8 @@ class Ceiling:
         ``duration_s``: each had its first token within ``duration_s + slo_s`` of the first
         arrival, and by then either ended (at most ``rate`` a second from an idle start) or is
         still running (at most ``held``). An upper bound as good as ``rate`` is the engine's
-        best: the closed loops' sizes are the ones tried, not every one."""
+        best: the closed loops' sizes are the ones tried, not every one, and their pace is the
+        machine's while they ran (a run at another moment can pass it)."""
         return self.rate * (duration_s + slo_s) + self.held
 
 
