@@ -70,6 +70,7 @@ from admission_common import MAX_TOKENS, REFUSAL_TARGET_MS, Figures, Outcome, ce
 from engine_servers import EngineConfig, Served, ServerProcess
 
 import metrics_contract as mc
+from gpu_budget.lengths import blocks_for_tokens
 
 NO_CAP_SHARE = 0.95
 """The gateway's answers within the SLO against vLLM's without a cap, at least."""
@@ -217,9 +218,12 @@ def fits(served: Served, engine: EngineConfig) -> int:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(served.model_dir / "tokenizer.json"))
-    sizes = [sum(len(tokenizer.encode(m["content"], add_special_tokens=False).ids) + 5
-                 for m in chat(seed)) + 1 + MAX_TOKENS for seed in range(50)]
-    blocks = -(-int(statistics.mean(sizes)) // engine.block_size)
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    sizes = [common.chat_prompt_tokens(chat(seed), count) + MAX_TOKENS for seed in range(50)]
+    blocks = blocks_for_tokens(int(statistics.mean(sizes)), engine.block_size)
     assert engine.num_gpu_blocks is not None
     return max(1, engine.num_gpu_blocks // blocks)
 

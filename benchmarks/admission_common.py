@@ -33,7 +33,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -100,6 +100,17 @@ def chat(seed: int) -> list[dict[str, str]]:
                          "content": f"({seed}) " + " ".join(
                              pool[(index + seed + k) % len(pool)] for k in range(2))})
     return messages
+
+
+TEMPLATE_TOKENS = 5
+"""Tokens the tiny Llama-3's chat template adds around each message's content."""
+
+
+def chat_prompt_tokens(messages: Sequence[Mapping[str, str]], tokens: Callable[[str], int]
+                       ) -> int:
+    """A chat's prompt in tokens as the template renders it: each message's content and
+    :data:`TEMPLATE_TOKENS` around it, and 1 more (``tokens``: a text's count)."""
+    return sum(tokens(message["content"]) + TEMPLATE_TOKENS for message in messages) + 1
 
 
 def request_path(server: str) -> str:

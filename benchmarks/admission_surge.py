@@ -77,6 +77,7 @@ import engine_servers
 from admission_common import MAX_TOKENS, Figures, Outcome, cell, chat, ratio
 from engine_servers import EngineConfig, ServerProcess
 
+from gpu_budget.lengths import blocks_for_tokens
 from prompts import MANGA_CORPUS_EN, MANGA_CORPUS_JA
 from request_buckets import bucket_bounds
 
@@ -112,8 +113,7 @@ class LongChats:
     def __call__(self, seed: int) -> Messages:
         system = f"You are MangaAssist #{seed}, a manga shop assistant."
         head = f"({seed}) My reading notes and questions:"
-        # As admission_burst's fits(): each message's content + 5 template tokens, + 1.
-        used = self.tokens(system) + 5 + self.tokens(head) + 5 + 1
+        used = common.chat_prompt_tokens([{"content": system}, {"content": head}], self.tokens)
         pieces = [head]
         for index in itertools.count():
             pool = MANGA_CORPUS_JA if (index + seed) % 2 else MANGA_CORPUS_EN
@@ -270,10 +270,9 @@ def sustainable_rates(server: ServerProcess, plan: Plan,
 
 
 def prompt_blocks(messages: Messages, tokens: Callable[[str], int], block_size: int) -> int:
-    """The KV blocks vLLM admits ``messages`` with: each message's content + 5 template tokens,
-    + 1 (as admission_burst's fits()), and the first answer token."""
-    prompt = sum(tokens(message["content"]) + 5 for message in messages) + 1
-    return -(-(prompt + 1) // block_size)
+    """The KV blocks vLLM admits ``messages`` with: its prompt
+    (:func:`admission_common.chat_prompt_tokens`) and the first answer token."""
+    return blocks_for_tokens(common.chat_prompt_tokens(messages, tokens) + 1, block_size)
 
 
 def ceilings(server: ServerProcess, plan: Plan, mixes: Mapping[str, Callable[[int], Messages]],
